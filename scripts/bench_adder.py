@@ -1,0 +1,180 @@
+"""Benchmark Adder2d (fast and reference backends) against nn.Conv2d, forward + backward.
+
+For every distinct adder-layer shape of ResNet-20 (batch 64) and a few ResNet-50 shapes (batch 8)
+prints the median fwd+bwd wall time and the peak extra memory of: Adder2d fast, Adder2d reference
+(skipped when its estimated peak exceeds --ref-limit-gb), nn.Conv2d of the same shape; and the
+ratios fast/conv and reference/fast. Methods are timed in interleaved rounds so machine load hits
+them alike; the spread column is the interquartile range over the median.
+
+Peak memory is the rise of the process's peak resident set (VmHWM, reset through
+/proc/self/clear_refs) over one fwd+bwd, with glibc's mmap threshold pinned so freed tensors go
+back to the OS; it counts everything (PyTorch tensors, kernel scratch, library workspaces).
+
+    python scripts/bench_adder.py [--quick] [--json PATH] [--repeats N]
+"""
+import argparse
+import ctypes
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from addernet import Adder2d  # noqa: E402
+
+# (name, batch, in, out, size, kernel, stride, padding)
+RESNET20 = [
+    ("r20 16->16 32x32", 64, 16, 16, 32, 3, 1, 1),
+    ("r20 16->32 32x32 s2", 64, 16, 32, 32, 3, 2, 1),
+    ("r20 32->32 16x16", 64, 32, 32, 16, 3, 1, 1),
+    ("r20 32->64 16x16 s2", 64, 32, 64, 16, 3, 2, 1),
+    ("r20 64->64 8x8", 64, 64, 64, 8, 3, 1, 1),
+    ("r20 1x1 16->32 s2", 64, 16, 32, 32, 1, 2, 0),
+    ("r20 1x1 32->64 s2", 64, 32, 64, 16, 1, 2, 0),
+]
+RESNET50 = [
+    ("r50 64->64 56x56", 8, 64, 64, 56, 3, 1, 1),
+    ("r50 1x1 256->64 56x56", 8, 256, 64, 56, 1, 1, 0),
+    ("r50 128->128 28x28", 8, 128, 128, 28, 3, 1, 1),
+    ("r50 256->256 14x14", 8, 256, 256, 14, 3, 1, 1),
+    ("r50 512->512 7x7", 8, 512, 512, 7, 3, 1, 1),
+]
+
+
+def _status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+
+def _pin_malloc():
+    """Make glibc return every large freed block to the OS so RSS tracks live memory."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD = 64 KiB, disables the dynamic one
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def _make(method, cin, cout, k, s, p):
+    if method == "conv":
+        return nn.Conv2d(cin, cout, k, s, p, bias=False)
+    return Adder2d(cin, cout, k, s, p)
+
+
+def _step(method, layer, x, g):
+    os.environ["ADDERNET_BACKEND"] = "fast" if method == "conv" else method
+    x.grad, layer.weight.grad = None, None
+    layer(x).backward(g)
+
+
+def _peak_mb(method, layer, x, g):
+    x.grad, layer.weight.grad = None, None
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    base = _status("VmRSS")
+    _step(method, layer, x, g)
+    peak = _status("VmHWM") - base
+    x.grad, layer.weight.grad = None, None
+    return peak / 2**20
+
+
+def _ref_estimate_gb(n, cin, cout, size, k, s, p):
+    out = (size + 2 * p - k) // s + 1
+    return 4 * n * cout * cin * k * k * out * out * 4 / 2**30  # ~4 live N x Cout x K x L float32 blocks
+
+
+def bench(shapes, repeats, ref_limit_gb, ref_repeats):
+    rows = []
+    for name, n, cin, cout, size, k, s, p in shapes:
+        torch.manual_seed(0)
+        x = torch.randn(n, cin, size, size, requires_grad=True)
+        methods = ["fast", "conv"]
+        ref_gb = _ref_estimate_gb(n, cin, cout, size, k, s, p)
+        if ref_gb <= ref_limit_gb:
+            methods.append("reference")
+        layers = {m: _make(m, cin, cout, k, s, p) for m in methods}
+        with torch.no_grad():
+            g = torch.randn_like(layers["conv"](x))
+        times = {m: [] for m in methods}
+        for m in methods:  # warm-up (and kernel build)
+            _step(m, layers[m], x, g)
+        for r in range(repeats):
+            for m in methods:
+                if m == "reference" and r >= ref_repeats:
+                    continue
+                t = time.perf_counter()
+                _step(m, layers[m], x, g)
+                times[m].append((time.perf_counter() - t) * 1e3)
+        row = {"shape": name, "batch": n, "in": cin, "out": cout, "size": size, "kernel": k, "stride": s,
+               "padding": p, "reference_estimate_gb": round(ref_gb, 2)}
+        for m in methods:
+            ts = sorted(times[m])
+            q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
+            row[f"{m}_ms"] = statistics.median(ts)
+            row[f"{m}_spread"] = (q[2] - q[0]) / q[1]
+            row[f"{m}_peak_mb"] = _peak_mb(m, layers[m], x, g)
+        row["fast_over_conv"] = row["fast_ms"] / row["conv_ms"]
+        row["fast_over_conv_mem"] = row["fast_peak_mb"] / max(row["conv_peak_mb"], 1e-9)
+        row["reference_over_fast"] = row["reference_ms"] / row["fast_ms"] if "reference_ms" in row else None
+        rows.append(row)
+        print(_format_row(row), flush=True)
+    return rows
+
+
+HEADER = ("| shape | batch | fast ms | reference ms | conv ms | fast/conv | ref/fast | fast MB | ref MB | conv MB "
+          "| fast/conv mem |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def _format_row(r):
+    def f(key, fmt):
+        return format(r[key], fmt) if r.get(key) is not None else "skipped"
+
+    return (f"| {r['shape']} | {r['batch']} | {f('fast_ms', '.1f')} (±{r['fast_spread'] * 50:.0f}%) | "
+            f"{f('reference_ms', '.0f')} | {f('conv_ms', '.1f')} (±{r['conv_spread'] * 50:.0f}%) | "
+            f"{f('fast_over_conv', '.2f')} | {f('reference_over_fast', '.0f')} | {f('fast_peak_mb', '.1f')} | "
+            f"{f('reference_peak_mb', '.0f')} | {f('conv_peak_mb', '.1f')} | {f('fast_over_conv_mem', '.2f')} |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="three ResNet-20 shapes, fewer repeats")
+    ap.add_argument("--json", type=Path, help="write the results to this JSON file")
+    ap.add_argument("--repeats", type=int, default=None, help="timed rounds per shape (default 15, quick 5)")
+    ap.add_argument("--ref-repeats", type=int, default=3, help="timed rounds of the slow reference")
+    ap.add_argument("--ref-limit-gb", type=float, default=4.0,
+                    help="skip the reference where its estimated peak memory exceeds this")
+    args = ap.parse_args()
+    shapes = [RESNET20[0], RESNET20[4], RESNET20[5]] if args.quick else RESNET20 + RESNET50
+    repeats = args.repeats or (5 if args.quick else 15)
+    pinned = _pin_malloc()
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+            "repeats": repeats, "malloc_pinned": pinned, "load_before": os.getloadavg()}
+    print(f"# {meta['date']}  torch {meta['torch']}  threads {meta['threads']}  repeats {repeats}  "
+          f"loadavg {meta['load_before'][0]:.1f}")
+    print("# times: median fwd+bwd wall ms (± half the interquartile range); memory: peak RSS rise, MiB")
+    print(HEADER)
+    rows = bench(shapes, repeats, args.ref_limit_gb, min(args.ref_repeats, repeats))
+    meta["load_after"] = os.getloadavg()
+    r20 = [r for r in rows if r["shape"].startswith("r20")]
+    refs = [r["reference_over_fast"] for r in rows if r["reference_over_fast"]]
+    print(f"# ResNet-20 worst fast/conv time {max(r['fast_over_conv'] for r in r20):.2f} (target <= 3), "
+          f"worst fast/conv memory {max(r['fast_over_conv_mem'] for r in r20):.2f} (target <= 2), "
+          f"min reference/fast {min(refs) if refs else float('nan'):.0f} (target >= 50); "
+          f"loadavg after {meta['load_after'][0]:.1f}")
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        print(f"# wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

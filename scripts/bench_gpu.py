@@ -1,0 +1,264 @@
+"""GPU benchmark of the Triton adder kernels against cuDNN convolution (fp32, TF32 off).
+
+Per adder-layer shape (ResNet-20 at batch 256, ResNet-50 at batch 64): median time (CUDA events)
+of the forward of the Triton kernel, the unfold reference (when its estimated memory fits) and
+cuDNN conv2d; forward+backward of adder2d (fast backend: Triton forward and input gradient, cuDNN
+weight-gradient identity) vs conv2d, with the peak memory each adds; the input-gradient kernel
+alone; forward throughput in GOPS counting the paper's 2 ops (|x - w| and the add) per
+multiply-accumulate position, as a share of the FP32 CUDA-core peak (SMs x 128 lanes x 2 x clock)
+and of the adder's issue bound (half that: 2 instructions per position, where an FMA is 1).
+Then one ResNet-20 training step (forward + backward + SGD, batch 256), adder vs its CNN twin.
+Per-tile timings of the forward/input-gradient on a few shapes go to the JSON (tuning data).
+
+    python scripts/bench_gpu.py [--quick] [--json PATH]      (JSON also to $OUT/bench_gpu.json)
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# (name, batch, cin, cout, size, kernel, stride, padding)
+RESNET20 = [
+    ("r20 16->16 32x32", 256, 16, 16, 32, 3, 1, 1),
+    ("r20 16->32 32x32 s2", 256, 16, 32, 32, 3, 2, 1),
+    ("r20 32->32 16x16", 256, 32, 32, 16, 3, 1, 1),
+    ("r20 32->64 16x16 s2", 256, 32, 64, 16, 3, 2, 1),
+    ("r20 64->64 8x8", 256, 64, 64, 8, 3, 1, 1),
+    ("r20 1x1 16->32 s2", 256, 16, 32, 32, 1, 2, 0),
+]
+RESNET50 = [
+    ("r50 3x3 64 56x56", 64, 64, 64, 56, 3, 1, 1),
+    ("r50 3x3 128 28x28", 64, 128, 128, 28, 3, 1, 1),
+    ("r50 3x3 256 14x14", 64, 256, 256, 14, 3, 1, 1),
+    ("r50 3x3 512 7x7", 64, 512, 512, 7, 3, 1, 1),
+    ("r50 3x3 128 56x56 s2", 64, 128, 128, 56, 3, 2, 1),
+    ("r50 1x1 256->64 56x56", 64, 256, 64, 56, 1, 1, 0),
+    ("r50 1x1 64->256 56x56", 64, 64, 256, 56, 1, 1, 0),
+    ("r50 1x1 1024->256 14x14", 64, 1024, 256, 14, 1, 1, 0),
+    ("r50 1x1 512->2048 7x7", 64, 512, 2048, 7, 1, 1, 0),
+]
+TILE_SHAPES = ["r20 16->16 32x32", "r20 64->64 8x8", "r50 3x3 64 56x56", "r50 3x3 256 14x14"]
+REF_LIMIT_GB = 24.0
+
+
+def timeit(fn, warmup, reps):
+    """Median milliseconds of fn over reps, CUDA events around each call, after warmup calls."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def peak_mb(fn):
+    """Peak memory fn allocates above what is live before it (torch.cuda.max_memory_allocated)."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+
+
+def sm_clock_mhz(props):
+    """Max SM clock: device properties (kHz) if torch has it, else nvidia-smi, else H200's 1980."""
+    khz = getattr(props, "clock_rate", 0)
+    if khz:
+        return khz / 1000, "torch device properties"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout.split()
+        return float(out[0]), "nvidia-smi clocks.max.sm"
+    except Exception:  # noqa: BLE001 - any failure: fall back to the documented value
+        return 1980.0, "assumed (H200 SXM boost clock)"
+
+
+def ref_estimate_gb(n, cin, cout, size, k, s, p):
+    ho = (size + 2 * p - k) // s + 1
+    return 3 * n * cout * cin * k * k * ho * ho * 4 / 2 ** 30  # diff, |diff| and the grad's copy
+
+
+def bench_layer(spec, tk, adder2d, reference, warmup, reps, peak_ops):
+    name, n, cin, cout, size, k, s, p = spec
+    conf = ((s, s), (p, p), (1, 1), 1)
+    x = torch.randn(n, cin, size, size, device="cuda")
+    w = torch.randn(cout, cin, k, k, device="cuda")
+    y = tk.forward(x, w, *conf)  # also autotunes
+    g = torch.randn_like(y)
+    ops = 2 * y.numel() * cin * k * k  # 2 ops per (output, reduction) position
+    r = dict(name=name, batch=n, cin=cin, cout=cout, size=size, k=k, stride=s, ops=ops)
+    r["fwd_ms"] = timeit(lambda: tk.forward(x, w, *conf), warmup, reps)
+    r["fwd_conv_ms"] = timeit(lambda: F.conv2d(x, w, None, s, p), warmup, reps)
+    r["dgrad_ms"] = timeit(lambda: tk.grad_input(x, w, g, *conf), warmup, reps)
+    r["gops"] = ops / r["fwd_ms"] / 1e6
+    r["pct_peak"] = 100 * ops / (r["fwd_ms"] * 1e-3) / peak_ops
+    r["pct_issue"] = 2 * r["pct_peak"]
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+
+    def adder_step():
+        adder2d(xr, wr, None, s, p).backward(g)
+
+    def conv_step():
+        F.conv2d(xr, wr, None, s, p).backward(g)
+
+    r["fwdbwd_ms"] = timeit(adder_step, warmup, reps)
+    r["fwdbwd_conv_ms"] = timeit(conv_step, warmup, reps)
+    xr.grad = wr.grad = None
+    r["fwdbwd_mb"] = peak_mb(adder_step)
+    xr.grad = wr.grad = None
+    r["fwdbwd_conv_mb"] = peak_mb(conv_step)
+    xr.grad = wr.grad = None
+    r["ref_fwd_ms"] = r["ref_fwdbwd_mb"] = None
+    if ref_estimate_gb(n, cin, cout, size, k, s, p) < REF_LIMIT_GB:
+        try:
+            r["ref_fwd_ms"] = timeit(lambda: reference(x, w, *conf), 1, 3)
+            r["ref_fwdbwd_mb"] = peak_mb(lambda: reference(xr, wr, *conf).backward(g))
+        except torch.cuda.OutOfMemoryError:
+            pass
+        xr.grad = wr.grad = None
+    torch.cuda.empty_cache()
+    return r
+
+
+def bench_tiles(spec, tk, warmup, reps):
+    """Forward / input-gradient time of every tile config on one shape (autotuner's choices)."""
+    name, n, cin, cout, size, k, s, p = spec
+    conf = ((s, s), (p, p), (1, 1), 1)
+    x = torch.randn(n, cin, size, size, device="cuda")
+    w = torch.randn(cout, cin, k, k, device="cuda")
+    g = torch.randn_like(tk.forward(x, w, *conf))
+    out = {}
+    for kind, cfgs, fn in (("fwd", tk._FWD_CONFIGS, lambda c: tk.forward(x, w, *conf, config=c)),
+                           ("dgrad", tk._DGRAD_CONFIGS, lambda c: tk.grad_input(x, w, g, *conf, config=c))):
+        for c in cfgs:
+            out[f"{kind} {','.join(map(str, c))}"] = round(timeit(lambda: fn(c), warmup, reps), 4)
+    return out
+
+
+def train_step_bench(batch, warmup, reps):
+    """One ResNet-20 SGD step (fwd + bwd + update) on random CIFAR-sized data: adder vs conv twin."""
+    try:
+        from addernet.models import build_model
+    except ImportError as e:
+        return {"error": f"addernet.models.build_model unavailable ({e}); skipped the training step"}
+    res = {}
+    for layer in ("adder", "conv"):
+        torch.manual_seed(0)
+        model = build_model("resnet20", layer=layer).cuda().train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+        x = torch.randn(batch, 3, 32, 32, device="cuda")
+        t = torch.randint(0, 10, (batch,), device="cuda")
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), t).backward()
+            opt.step()
+
+        ms = timeit(step, warmup, reps)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        step()
+        torch.cuda.synchronize()
+        res[layer] = dict(ms=ms, peak_mb=torch.cuda.max_memory_allocated() / 2 ** 20)
+        del model, opt
+        torch.cuda.empty_cache()
+    res["time_ratio"] = res["adder"]["ms"] / res["conv"]["ms"]
+    res["mem_ratio"] = res["adder"]["peak_mb"] / res["conv"]["peak_mb"]
+    return res
+
+
+def fmt(v, spec="{:.3f}"):
+    return "-" if v is None else spec.format(v)
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Triton adder kernels vs cuDNN on one GPU")
+    ap.add_argument("--quick", action="store_true", help="fewer shapes and repeats (smoke run)")
+    ap.add_argument("--json", default=None, help="write results here (default $OUT/bench_gpu.json if OUT is set)")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
+    import triton
+
+    import addernet
+    from addernet.ops.kernels import triton as tk
+    from addernet.ops.reference import adder2d_reference
+    if not tk.available():
+        sys.exit("the Triton adder kernels report unavailable on this GPU (needs compute capability >= 7.5)")
+    os.environ.setdefault("ADDERNET_BACKEND", "fast")
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+
+    props = torch.cuda.get_device_properties(0)
+    mhz, clock_src = sm_clock_mhz(props)
+    peak_ops = props.multi_processor_count * 128 * 2 * mhz * 1e6
+    env = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               gpu=props.name, sms=props.multi_processor_count, sm_clock_mhz=mhz, clock_source=clock_src,
+               fp32_peak_tflops=peak_ops / 1e12, torch=torch.__version__, triton=triton.__version__,
+               cuda=torch.version.cuda, tf32=False)
+    print(f"# {env['gpu']}: {env['sms']} SMs x 128 FP32 lanes x 2 x {mhz:.0f} MHz ({clock_src}) = "
+          f"{env['fp32_peak_tflops']:.1f} TFLOP/s FP32 peak; adder issue bound = half (2 instr/position)")
+    print(f"# torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']}, TF32 off, cudnn.benchmark on")
+
+    warmup, reps = (2, 5) if a.quick else (3, 15)
+    shapes = RESNET20[:2] + RESNET50[:2] if a.quick else RESNET20 + RESNET50
+    rows = []
+    t0 = time.time()
+    hdr = (f"{'layer':26} {'fwd ms':>8} {'conv ms':>8} {'ref ms':>8} {'GOPS':>7} {'%peak':>6} {'%issue':>6} "
+           f"{'dgrad ms':>8} {'f+b ms':>8} {'conv f+b':>8} {'f+b/conv':>8} {'MB':>7} {'conv MB':>7} {'ref MB':>7}")
+    print(hdr)
+    for spec in shapes:
+        r = bench_layer(spec, tk, addernet.adder2d, adder2d_reference, warmup, reps, peak_ops)
+        rows.append(r)
+        print(f"{r['name']:26} {r['fwd_ms']:8.3f} {r['fwd_conv_ms']:8.3f} {fmt(r['ref_fwd_ms']):>8} {r['gops']:7.0f} "
+              f"{r['pct_peak']:6.1f} {r['pct_issue']:6.1f} {r['dgrad_ms']:8.3f} {r['fwdbwd_ms']:8.3f} "
+              f"{r['fwdbwd_conv_ms']:8.3f} {r['fwdbwd_ms'] / r['fwdbwd_conv_ms']:8.2f} {r['fwdbwd_mb']:7.0f} "
+              f"{r['fwdbwd_conv_mb']:7.0f} {fmt(r['ref_fwdbwd_mb'], '{:.0f}'):>7}", flush=True)
+    r50_3x3 = [r for r in rows if r["name"].startswith("r50 3x3") and r["stride"] == 1]
+    if r50_3x3:
+        pct = sum(r["ops"] for r in r50_3x3) / sum(r["ops"] / r["pct_peak"] for r in r50_3x3)
+        print(f"# ResNet-50 3x3 (stride 1) forward, ops-weighted: {pct:.1f}% of FP32 peak (target >= 40%)")
+    print(f"# layer table took {time.time() - t0:.0f} s (incl. Triton compilation and autotuning)")
+
+    tiles = {}
+    for spec in [s for s in shapes if s[0] in TILE_SHAPES]:
+        tiles[spec[0]] = bench_tiles(spec, tk, 2, 5 if a.quick else 10)
+        print(f"# tiles {spec[0]}: " + ", ".join(f"{k}={v:.3f}" for k, v in tiles[spec[0]].items()), flush=True)
+
+    train = train_step_bench(64 if a.quick else 256, 2 if a.quick else 3, 5 if a.quick else 10)
+    print("\n## ResNet-20 training step (fwd + bwd + SGD), batch", 64 if a.quick else 256)
+    if "error" in train:
+        print("#", train["error"])
+    else:
+        print(f"{'model':8} {'ms/step':>9} {'peak MB':>9}")
+        for layer in ("adder", "conv"):
+            print(f"{layer:8} {train[layer]['ms']:9.2f} {train[layer]['peak_mb']:9.0f}")
+        print(f"adder/conv: time {train['time_ratio']:.2f}x (target <= 3x), "
+              f"peak memory {train['mem_ratio']:.2f}x (target <= 2x)")
+
+    out = a.json or (os.path.join(os.environ["OUT"], "bench_gpu.json") if os.environ.get("OUT") else None)
+    if out:
+        Path(out).write_text(json.dumps(dict(env=env, layers=rows, tiles=tiles, train_step=train), indent=1))
+        print("# wrote", out)
+
+
+if __name__ == "__main__":
+    main()

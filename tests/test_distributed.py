@@ -1,0 +1,45 @@
+"""torchrun with 2 CPU processes (gloo) through scripts/dist_train.sh: one run dir, rank 0 alone writes,
+validation counts every sample exactly once and matches a single-process evaluation."""
+import json
+import os
+import sys
+
+import pytest
+
+from addernet.checkpoint import load_checkpoint
+from addernet.data import build_loader
+from addernet.engine import evaluate
+from addernet.engine.trainer import _build_model
+from conftest import compose, run_train
+
+ARGS = ["data=fake", "data.train_size=64", "data.val_size=37", "data.batch_size=16", "model=lenet5_bn",
+        "data.image_size=28", "trainer.epochs=2", "trainer.progress=false", "trainer.log_every=1"]
+
+
+def test_torchrun_two_cpu_processes(tmp_path):
+    run = tmp_path / "outputs" / "job"
+    proc = run_train(ARGS, script=("bash", "scripts/dist_train.sh", "2"), timeout=300,
+                     env={"PYTHON": sys.executable, "RUN_DIR": str(run), "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert os.listdir(tmp_path / "outputs") == ["job"]  # one run dir for the job
+    assert {p.name for p in run.iterdir()} == {".hydra", "config.yaml", "train.log", "metrics.jsonl",
+                                               "tensorboard", "checkpoints"}
+    tb = run / "tensorboard"
+    assert len([p for p in tb.iterdir() if p.name.startswith("events")]) == 1  # rank 0's writer only
+    assert len(list((tb / "hparams").iterdir())) == 1
+    log = (run / "train.log").read_text()
+    assert "| 2 process(es) |" in log and log.count("epoch 2/2 lr") == 1 and log.count("epoch 1/2 step 4/4") == 1
+
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [1, 2] and all(r["val_n"] == 37 for r in records)
+
+    # The reduced validation numbers equal one process evaluating the saved weights on all 37 images.
+    cfg = compose(ARGS)
+    model = _build_model(cfg)
+    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert ckpt["world_size"] == 2
+    model.load_state_dict(ckpt["model"])
+    single = evaluate(model, build_loader(cfg.data, "val"), "cpu")
+    assert single["n"] == 37 and single["top1"] == records[-1]["val_top1"]
+    assert single["top5"] == records[-1]["val_top5"]
+    assert single["loss"] == pytest.approx(records[-1]["val_loss"], rel=1e-5)

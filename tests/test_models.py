@@ -1,0 +1,189 @@
+"""The model zoo: structure, parameter counts, adder/conv twins, official checkpoint compatibility."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torchvision
+
+from addernet import Adder2d
+from addernet.models import build_model, list_models
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+CKPT = SHARED / "official" / "ResNet20-AdderNet.pth"
+LOGITS = SHARED / "official" / "ResNet20-AdderNet.cifar10-test-sample.jsonl"
+
+# name -> (input channels, input size for the tests, number of classes, multiplicative layers)
+SPECS = {
+    "resnet20": (3, 32, 10, {"conv1", "fc"}),
+    "resnet32": (3, 32, 10, {"conv1", "fc"}),
+    "vgg_small": (3, 32, 10, {"conv0", "fc"}),
+    "lenet5_bn": (1, 28, 10, {"conv1", "fc1", "fc2", "fc3"}),
+    "resnet18": (3, 32, 1000, {"conv1", "fc"}),  # ImageNet nets run at any size >= 32; 32 keeps the test fast
+    "resnet50": (3, 32, 1000, {"conv1", "fc"}),
+}
+FORMS = [(n, layer) for n in SPECS for layer in ("adder", "conv")]
+
+
+def _model(name, layer):
+    c, _, k, _ = SPECS[name]
+    return build_model(name, layer=layer, num_classes=k, in_channels=c)
+
+
+def test_registry_lists_every_model():
+    assert sorted(list_models()) == sorted(SPECS)
+
+
+@pytest.mark.parametrize("name,layer", FORMS)
+def test_forward_backward_shape_and_grads(name, layer):
+    torch.manual_seed(0)
+    c, s, k, _ = SPECS[name]
+    model = _model(name, layer)
+    x = torch.randn(2, c, s, s)
+    y = model(x)
+    assert y.shape == (2, k)
+    y.square().mean().backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), pname
+        assert p.grad.abs().sum() > 0, f"{pname} got an all-zero gradient"
+
+
+@pytest.mark.parametrize("name,params", [("resnet20", 272_484), ("resnet50", 25_559_032),
+                                         ("resnet18", 11_689_512 + 2 * 1000)])  # torchvision's + bn2
+def test_parameter_counts(name, params):
+    for layer in ("adder", "conv"):
+        model = build_model(name, layer=layer, num_classes=10 if name == "resnet20" else 1000)
+        assert sum(p.numel() for p in model.parameters()) == params
+
+
+@pytest.mark.parametrize("name,layer", FORMS)
+def test_adder_layers_exactly_where_the_twin_has_body_convolutions(name, layer):
+    mult = SPECS[name][3]
+    model = _model(name, layer)
+    convs = {n for n, m in model.named_modules() if isinstance(m, nn.Conv2d)}
+    adders = {n for n, m in model.named_modules() if isinstance(m, Adder2d)}
+    weight_layers = {n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear, Adder2d))}
+    assert mult <= weight_layers and not (mult & adders)  # stem and classifier stay multiplicative
+    body = weight_layers - mult
+    assert body, "no body layers"
+    assert (adders if layer == "adder" else convs - mult) == body
+    assert not (adders if layer == "conv" else convs - mult)
+    for n in body:  # every body layer has no bias
+        assert model.get_submodule(n).bias is None, n
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_twins_have_identical_state_dict_layout(name):
+    a, c = _model(name, "adder").state_dict(), _model(name, "conv").state_dict()
+    assert list(a) == list(c)
+    assert all(a[k].shape == c[k].shape for k in a)
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_every_body_layer_is_followed_by_batchnorm(name):
+    """In execution order, the next arithmetic layer after each adder layer is a BatchNorm (pooling may sit between)."""
+    c, s, k, _ = SPECS[name]
+    with torch.device("meta"):
+        model = build_model(name, "conv", k, c).eval()
+        body = {n for n, m in build_model(name, "adder", k, c).named_modules() if isinstance(m, Adder2d)}
+    calls = []
+    names = {m: n for n, m in model.named_modules()}
+    for m in model.modules():
+        if not list(m.children()):
+            m.register_forward_hook(lambda mod, i, o: calls.append(mod))
+    model(torch.empty(1, c, s, s, device="meta"))
+    for i, m in enumerate(calls):
+        if names[m] in body:
+            nxt = next(x for x in calls[i + 1:] if not isinstance(x, nn.MaxPool2d))
+            assert isinstance(nxt, nn.BatchNorm2d), f"{names[m]} is followed by {names[nxt]}"
+
+
+def test_imagenet_resnets_match_torchvision_layout():
+    """With torchvision's weights, our CNN ResNet-18/50 compute torchvision's logits (bn2 neutral in eval)."""
+    torch.manual_seed(0)
+    for name in ("resnet18", "resnet50"):
+        ref = getattr(torchvision.models, name)(num_classes=7).eval()
+        ours = build_model(name, "conv", num_classes=7).eval()
+        sd = ref.state_dict()
+        sd["fc.weight"] = sd["fc.weight"][:, :, None, None]
+        missing, unexpected = ours.load_state_dict(sd, strict=False)
+        assert not unexpected and sorted(missing) == ["bn2.bias", "bn2.running_mean", "bn2.running_var", "bn2.weight"]
+        x = torch.randn(2, 3, 32, 32)
+        with torch.no_grad():
+            expected = ref(x) / (1 + ours.bn2.eps) ** 0.5  # bn2 at init: running mean 0, var 1, affine 1/0
+            torch.testing.assert_close(ours(x), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_initialisation():
+    torch.manual_seed(0)
+    adder, conv = build_model("resnet20", "adder"), build_model("resnet20", "conv")
+    w = adder.layer3[1].conv2.weight  # Adder2d default: N(0, 1)
+    assert abs(w.mean()) < 0.03 and abs(w.std() - 1) < 0.03
+    w = conv.layer3[1].conv2.weight  # Kaiming normal, fan_out, ReLU gain: std sqrt(2 / (64*9))
+    assert abs(w.std() / (2 / (64 * 9)) ** 0.5 - 1) < 0.03
+    for m in list(adder.modules()) + list(conv.modules()):
+        if isinstance(m, nn.BatchNorm2d):
+            assert (m.weight == 1).all() and (m.bias == 0).all()
+
+
+def test_bad_arguments_raise_clear_errors():
+    with pytest.raises(ValueError, match="resnet20.*resnet32.*vgg_small.*lenet5_bn.*resnet18.*resnet50"):
+        build_model("resnet21")
+    with pytest.raises(ValueError, match="model.layer=adder or model.layer=conv"):
+        build_model("resnet20", layer="mul")
+    with pytest.raises(ValueError, match="num_classes"):
+        build_model("resnet20", num_classes=0)
+    with pytest.raises(ValueError, match="in_channels"):
+        build_model("resnet20", in_channels=-3)
+
+
+def test_in_channels_defaults_follow_the_dataset():
+    assert build_model("lenet5_bn").conv1.in_channels == 1
+    assert build_model("resnet20").conv1.in_channels == 3
+    assert build_model("vgg_small", in_channels=1).conv0.in_channels == 1
+
+
+def _official_state_dict():
+    if not CKPT.exists():
+        pytest.skip(f"official checkpoint not found at {CKPT} (shared data is not part of a clone)")
+    sd = torch.load(CKPT, map_location="cpu", weights_only=True)
+    return {k.removeprefix("module.").replace(".adder", ".weight"): v for k, v in sd.items()}
+
+
+def test_official_resnet20_checkpoint_loads_strictly_and_reproduces_official_logits():
+    from PIL import Image
+    import torchvision.transforms as T
+
+    model = build_model("resnet20")
+    model.load_state_dict(_official_state_dict(), strict=True)
+    model.eval()
+    records = [json.loads(line) for line in LOGITS.read_text().splitlines()[1:]][::125]  # 8 images, 8 classes
+    tf = T.Compose([T.ToTensor(), T.Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))])
+    x = torch.stack([tf(Image.open(SHARED / "cifar10-test-sample" / r["file"]).convert("RGB")) for r in records])
+    with torch.no_grad():
+        logits = model(x)
+    expected = torch.tensor([r["logits"] for r in records])
+    assert logits.argmax(1).tolist() == [r["pred"] for r in records]
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-3 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("name,data", [("resnet20", "cifar10"), ("resnet32", "cifar100"), ("vgg_small", "cifar10"),
+                                       ("lenet5_bn", "mnist"), ("resnet18", "imagenet"), ("resnet50", "imagenet")])
+def test_model_configs_build_through_hydra(name, data):
+    from hydra import compose, initialize_config_dir
+
+    assert {p.stem for p in (ROOT / "configs" / "model").glob("*.yaml")} == set(SPECS)
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "configs")):
+        for layer in ("adder", "conv"):
+            cfg = compose(config_name="train", overrides=[f"model={name}", f"data={data}", f"model.layer={layer}"])
+            assert (cfg.model.name, cfg.model.layer) == (name, layer)
+            with torch.device("meta"):
+                model = build_model(cfg.model.name, layer=cfg.model.layer, num_classes=cfg.data.num_classes,
+                                    in_channels=cfg.data.in_channels).eval()
+            assert any(isinstance(m, Adder2d) for m in model.modules()) == (layer == "adder")
+            if layer == "conv":  # shapes at the dataset's resolution (meta device: no arithmetic)
+                s = cfg.data.image_size
+                y = model(torch.empty(1, cfg.data.in_channels, s, s, device="meta"))
+                assert y.shape == (1, cfg.data.num_classes)

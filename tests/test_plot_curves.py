@@ -1,0 +1,89 @@
+"""scripts/plot_curves.py: reads metrics.jsonl run directories and draws train/val curves."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "plot_curves.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("plot_curves", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run_dir(tmp_path, name, records):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return d
+
+
+def _records(offset):
+    return [{"epoch": e, "lr": 0.1, "train_loss": 2.0 - e / 10 + offset, "train_top1": 10.0 * e + offset,
+             "val_loss": 2.1 - e / 10 + offset, "val_top1": 9.0 * e + offset, "val_top5": 50.0 + e}
+            for e in (1, 2, 3)]
+
+
+def test_load_metrics_keeps_last_record_per_epoch_and_skips_non_epoch_lines(tmp_path):
+    recs = _records(0)
+    resumed = dict(recs[2], val_top1=99.0)  # a resumed run re-logs epoch 3
+    d = _run_dir(tmp_path, "run", recs + [{"event": "resume"}, resumed])
+    got = _module().load_metrics(d)
+    assert [r["epoch"] for r in got] == [1, 2, 3]
+    assert got[2]["val_top1"] == 99.0
+
+
+def test_load_metrics_errors_are_clear(tmp_path):
+    mod = _module()
+    with pytest.raises(FileNotFoundError, match="metrics.jsonl not found"):
+        mod.load_metrics(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\nnot json\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2 is not valid JSON"):
+        mod.load_metrics(tmp_path)
+
+
+def test_plot_overlays_runs_with_their_values(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
+    mod = _module()
+    runs = [("adder", _records(0)), ("cnn", _records(5))]
+    fig = mod.plot(runs, tmp_path / "c.png")
+    top1_ax, loss_ax = fig.axes
+    lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in top1_ax.get_lines()}
+    assert lines["adder val"] == ([1, 2, 3], [9.0, 18.0, 27.0])
+    assert lines["cnn train"] == ([1, 2, 3], [15.0, 25.0, 35.0])
+    loss = {ln.get_label(): list(ln.get_ydata()) for ln in loss_ax.get_lines()}
+    assert loss["cnn val"] == pytest.approx([7.0, 6.9, 6.8])
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_writes_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
+    a, b = _run_dir(tmp_path, "adder", _records(0)), _run_dir(tmp_path, "cnn", _records(1))
+    out = tmp_path / "curves.png"
+    r = subprocess.run([sys.executable, str(SCRIPT), str(a), str(b), "--out", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_without_matplotlib_says_how_to_install(tmp_path):
+    a = _run_dir(tmp_path, "adder", _records(0))
+    code = ("import sys, runpy; sys.modules['matplotlib'] = None; "
+            f"sys.argv = ['plot_curves.py', {str(a)!r}]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "pip install matplotlib" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_missing_run_dir_is_a_clear_error(tmp_path):
+    r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nope")], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "metrics.jsonl not found" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,112 @@
+"""End-to-end training runs: run-dir contents, metrics, TensorBoard events, checkpoints, errors."""
+import json
+import math
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from addernet import AdaptiveLR, Adder2d
+from addernet.checkpoint import load_checkpoint
+from addernet.data import build_loader
+from addernet.engine import NonFiniteLoss, evaluate, train
+from addernet.engine.trainer import _build_model
+from conftest import compose, run_train, trust_cifar10_md5, write_cifar10
+
+METRIC_KEYS = {"epoch", "lr", "train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "val_n",
+               "epoch_seconds", "images_per_s", "val_images_per_s"}
+CKPT_KEYS = {"format_version", "model", "optimizer", "scheduler", "scaler", "epoch", "step", "best_top1",
+             "best_epoch", "history", "train_sums", "rng", "config", "world_size"}
+TB_SCALARS = {"train/loss", "train/top1", "val/loss", "val/top1", "val/top5", "lr", "images_per_s"}
+FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
+
+
+def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
+    written = write_cifar10(tmp_path / "data", n_train=40, n_test=37)
+    trust_cifar10_md5(monkeypatch, written["md5"])
+    cfg = compose([f"data.root={tmp_path / 'data'}", "data.download=false", "data.batch_size=20",
+                   "trainer.epochs=1", *FAST])
+    run = tmp_path / "run"
+    summary = train(cfg, str(run))
+
+    assert {p.name for p in run.iterdir()} == {"config.yaml", "train.log", "metrics.jsonl", "tensorboard",
+                                               "checkpoints"}
+    assert OmegaConf.load(run / "config.yaml") == OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert set(record) == METRIC_KEYS
+    assert record["epoch"] == 1 and record["lr"] == 0.1 and record["val_n"] == 37
+    assert 0 <= record["val_top1"] <= record["val_top5"] <= 100 and math.isfinite(record["train_loss"])
+    assert summary["best_top1"] == record["val_top1"] and summary["best_epoch"] == 1
+    assert "epoch 1/1 lr 0.10000" in (run / "train.log").read_text()
+
+    # Checkpoints: full state, plain-dict config, and weights that reproduce the logged validation numbers.
+    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert set(ckpt) == CKPT_KEYS and ckpt["format_version"] == 1 and ckpt["epoch"] == 1 and ckpt["step"] == 0
+    assert ckpt["config"] == OmegaConf.to_container(cfg, resolve=True) and ckpt["history"] == [record]
+    assert set(load_checkpoint(run / "checkpoints" / "best.pt")) == CKPT_KEYS
+    model = _build_model(cfg)
+    model.load_state_dict(ckpt["model"])
+    val = evaluate(model, build_loader(cfg.data, "val"), "cpu")
+    assert val["n"] == 37 and val["top1"] == record["val_top1"] and val["top5"] == record["val_top5"]
+    assert val["loss"] == pytest.approx(record["val_loss"], rel=1e-5)
+
+    # TensorBoard: scalars, one adaptive-LR curve per adder layer, adder-weight histograms, hparams.
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"histograms": 0, "scalars": 0})
+    events.Reload()
+    adder_layers = [n for n, m in model.named_modules() if isinstance(m, Adder2d)]
+    assert len(adder_layers) == 20  # ResNet-20: 18 body 3x3 layers + 2 shortcut projections
+    assert adder_layers == AdaptiveLR(model).names
+    tags = events.Tags()
+    assert TB_SCALARS | {f"adaptive_lr/{n}" for n in adder_layers} == set(tags["scalars"])
+    assert {f"adder_weight/{n}" for n in adder_layers} == set(tags["histograms"])
+    for tag, key in (("val/top1", "val_top1"), ("train/loss", "train_loss"), ("lr", "lr")):
+        [event] = events.Scalars(tag)
+        assert event.step == 1 and event.value == pytest.approx(record[key], rel=1e-6)
+    alpha = events.Scalars(f"adaptive_lr/{adder_layers[0]}")[0].value
+    assert 0 < alpha < float("inf")
+    hparams = EventAccumulator(str(run / "tensorboard" / "hparams"))
+    hparams.Reload()
+    assert hparams.PluginTagToContent("hparams") and "hparam/best_top1" in hparams.Tags()["scalars"]
+
+
+def _jpeg_args(root, run, *extra):
+    return ["data=cifar10_folder", f"data.root={root}", "data.num_classes=4", "data.batch_size=16",
+            "model=lenet5_bn", "data.image_size=28", "trainer.epochs=1", f"hydra.run.dir={run}", *FAST, *extra]
+
+
+def test_train_py_on_a_jpeg_image_folder(tmp_path, jpeg_cifar):
+    run = tmp_path / "run"
+    proc = run_train(_jpeg_args(jpeg_cifar, run))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {".hydra", "config.yaml", "train.log", "metrics.jsonl", "tensorboard", "checkpoints"} == \
+        {p.name for p in run.iterdir()}
+    assert OmegaConf.load(run / ".hydra" / "config.yaml").data.root == str(jpeg_cifar)
+    [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert record["val_n"] == 37 and set(record) == METRIC_KEYS
+    assert {p.name for p in (run / "checkpoints").iterdir()} == {"last.pt", "best.pt"}
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    base = ["data=fake", "data.train_size=32", "data.val_size=8", "data.batch_size=16", "model=lenet5_bn",
+            "data.image_size=28", *FAST]
+    run = tmp_path / "run"
+    train(compose(base + ["trainer.epochs=1"]), str(run))
+    last = run / "checkpoints" / "last.pt"
+    before = last.read_bytes()
+    poisoned = compose(base + ["trainer.epochs=2", "data.std=[1e-45,1e-45,1e-45]"])  # inputs overflow to inf
+    with pytest.raises(NonFiniteLoss, match="non-finite loss .* epoch 2 step 1.*last good state \\(epoch 1\\)"):
+        train(poisoned, str(run))
+    assert last.read_bytes() == before and load_checkpoint(last)["epoch"] == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["data.root={tmp}", "data.download=false"], "CIFAR10 is not in {tmp}/cifar-10-batches-py"),
+    (["trainer.epoch=3"], "Could not override 'trainer.epoch'"),
+])
+def test_user_errors_exit_with_a_message_not_a_traceback(tmp_path, args, message):
+    """train.py turns user mistakes into one message and a non-zero exit (more cases in test_config.py)."""
+    args = [a.format(tmp=tmp_path) for a in args] + [f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = run_train(args, timeout=120)
+    assert proc.returncode != 0
+    assert message.format(tmp=tmp_path) in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,35 @@
+"""Train an AdderNet (or its CNN twin): ``python train.py [experiment=<preset>] [key=value ...]``.
+
+Thin Hydra wrapper around addernet.engine.train; see configs/train.yaml and the README.
+Under torchrun (scripts/dist_train.sh) every rank uses rank 0's run dir and only rank 0 writes.
+"""
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from addernet.checkpoint import CheckpointError
+from addernet.data import DataError
+from addernet.distributed import env_rank
+from addernet.engine import ConfigError, NonFiniteLoss, Preempted, train
+
+# hydra.output_subdir is ${rank0_only:.hydra}: ranks > 0 write no .hydra/ folder.
+OmegaConf.register_new_resolver("rank0_only", lambda value: value if env_rank() == 0 else None, replace=True)
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg):
+    try:
+        return train(cfg, HydraConfig.get().runtime.output_dir)["best_top1"]
+    except Preempted as e:
+        print(f"train.py: {e}", file=sys.stderr)
+        sys.exit(143)  # 128 + SIGTERM, what schedulers expect from a pre-empted job
+    except (ConfigError, DataError, CheckpointError, NonFiniteLoss, OmegaConfBaseException) as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(2 if not isinstance(e, NonFiniteLoss) else 3)
+
+
+if __name__ == "__main__":
+    main()
