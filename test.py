@@ -27,6 +27,8 @@ from addernet.engine import ConfigError, check_config, evaluate
 from addernet.engine.trainer import _build_model, _device_type
 
 STORED_GROUPS = ("model", "data")  # taken from our checkpoint's config unless overridden
+CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+_implied = []  # overrides test.py added to the command line itself (see imply_data_choice)
 RESULT_KEYS = ("top1", "top5", "loss", "n", "images_per_s")
 OFFICIAL = "state_dict (official AdderNet format)"
 
@@ -42,6 +44,27 @@ def read_checkpoint(path):
     found = ", ".join(map(str, list(ckpt)[:10])) if isinstance(ckpt, dict) else type(ckpt).__name__
     raise CheckpointError(f"{path} is neither a checkpoint of this repo (a dict with 'model' and 'config') nor a "
                           f"bare state_dict such as the official AdderNet files; found: {found}.")
+
+
+def imply_data_choice(argv):
+    """`data=<name>` of the config stored in the checkpoint named in argv, or None.
+
+    Hydra composes before main() runs, and a `data.val_dir=...` override fails to compose when the
+    default data group (cifar10) lacks that key. Composing the checkpoint's own data group makes every
+    override of its keys valid; main() then treats this choice as not given by the user.
+    """
+    paths = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("checkpoint=")]
+    if not paths or any(a.lstrip("+~").split("=")[0] in ("data", "experiment") for a in argv):
+        return None
+    try:
+        ckpt = load_checkpoint(paths[-1], map_location="cpu")
+    except CheckpointError:
+        return None  # reported by main()
+    stored = ckpt.get("config") if isinstance(ckpt, dict) and not is_official(ckpt) else None
+    name = stored.get("data", {}).get("name") if isinstance(stored, dict) else None
+    if isinstance(name, str) and os.path.isfile(os.path.join(CONFIGS, "data", f"{name}.yaml")):
+        return f"data={name}"
+    return None
 
 
 def _reroot(node, stored, overridden):
@@ -143,7 +166,7 @@ def report(result, results_file):
 @hydra.main(version_base="1.3", config_path="configs", config_name="test")
 def main(cfg):
     try:
-        result = run(cfg, HydraConfig.get().overrides.task)
+        result = run(cfg, [o for o in HydraConfig.get().overrides.task if o not in _implied])
         if dist.is_main():
             report(result, cfg.results_file)
     except (CheckpointError, ConfigError, DataError, OmegaConfBaseException) as e:
@@ -154,4 +177,8 @@ def main(cfg):
 
 
 if __name__ == "__main__":
+    implied = imply_data_choice(sys.argv[1:])
+    if implied:
+        _implied.append(implied)
+        sys.argv.append(implied)
     main()

@@ -10,7 +10,7 @@ Peak memory is the rise of the process's peak resident set (VmHWM, reset through
 /proc/self/clear_refs) over one fwd+bwd, with glibc's mmap threshold pinned so freed tensors go
 back to the OS; it counts everything (PyTorch tensors, kernel scratch, library workspaces).
 
-    python scripts/bench_adder.py [--quick] [--json PATH] [--repeats N]
+    python scripts/bench_adder.py [--quick] [--json PATH] [--repeats N] [--threads N]
 """
 import argparse
 import ctypes
@@ -149,12 +149,15 @@ def main():
     ap.add_argument("--quick", action="store_true", help="three ResNet-20 shapes, fewer repeats")
     ap.add_argument("--json", type=Path, help="write the results to this JSON file")
     ap.add_argument("--repeats", type=int, default=None, help="timed rounds per shape (default 15, quick 5)")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--ref-repeats", type=int, default=3, help="timed rounds of the slow reference")
     ap.add_argument("--ref-limit-gb", type=float, default=4.0,
                     help="skip the reference where its estimated peak memory exceeds this")
     args = ap.parse_args()
     shapes = [RESNET20[0], RESNET20[4], RESNET20[5]] if args.quick else RESNET20 + RESNET50
     repeats = args.repeats or (5 if args.quick else 15)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     pinned = _pin_malloc()
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),

@@ -72,7 +72,7 @@ def main():
     for kname, kernel in (("fwd", tk._fwd_kernel), ("dgrad", tk._dgrad_kernel)):
         for sname, conv in shapes.items():
             for rm, rn, tm, tn, nw in (tk._FWD_CONFIGS if kname == "fwd" else tk._DGRAD_CONFIGS):
-                const = dict(conv, RM=rm, RN=rn, TM=tm, TN=tn, UNROLL=1)
+                const = dict(conv, RM=rm, RN=rn, TM=tm, TN=tn)
                 src = ASTSource(fn=kernel, signature=signature(kernel, a.dtype), constexprs=const)
                 c = triton.compile(src, target=GPUTarget("cuda", a.arch, 32), options=dict(num_warps=nw, num_stages=1))
                 s = sass_stats(c.asm["cubin"])

@@ -146,9 +146,10 @@ def _padding_arg(padding):
     return _pair(padding)
 
 
-def _check_args(kernel_size, stride, padding, dilation):
-    for name, v, low in (("kernel_size", kernel_size, 1), ("stride", stride, 1), ("padding", padding, 0),
-                         ("dilation", dilation, 1)):
+def _check_args(**pairs):
+    """Each pair must hold ints >= 0 (padding) or >= 1 (the rest)."""
+    for name, v in pairs.items():
+        low = 0 if name == "padding" else 1
         if len(v) != 2 or not all(isinstance(e, int) and e >= low for e in v):
             raise ValueError(f"Adder2d {name} must be an int >= {low} or a pair of them, got {v}")
 
@@ -186,7 +187,7 @@ def adder2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)
     padding other than 'valid'). Under autocast input, weight and bias are cast to the autocast
     dtype; float16/bfloat16 are accumulated in float32 by the fast and eager backends."""
     stride, padding, dilation = _pair(stride), _padding_arg(padding), _pair(dilation)
-    _check_args((1, 1), stride, padding, dilation)
+    _check_args(stride=stride, padding=padding, dilation=dilation)
     if isinstance(input, torch.Tensor) and torch.is_autocast_enabled(input.device.type):
         dt = torch.get_autocast_dtype(input.device.type)
         input, weight = input.to(dt), weight.to(dt)
@@ -221,7 +222,8 @@ class Adder2d(nn.Module):
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
         self.padding, self.dilation = _padding_arg(padding), _pair(dilation)
-        _check_args(self.kernel_size, self.stride, self.padding, self.dilation)
+        _check_args(kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
+                    dilation=self.dilation)
         self.padding_mode = padding_mode
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size, **factory))

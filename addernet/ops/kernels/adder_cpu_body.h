@@ -28,13 +28,17 @@ static void FN(pad_image)(const T *x, const int64_t *xs, const int64_t *s, T *bu
     const int64_t H = s[2], W = s[3], G = s[4], Cg = s[5], ph = s[11], pw = s[12], Cgp = s[17];
     const int64_t Wp = W + 2 * pw, Ct = G * Cgp;
     memset(buf, 0, sizeof(T) * (size_t)((H + 2 * ph) * Wp * Ct));
-    for (int64_t g = 0; g < G; g++)
-        for (int64_t c = 0; c < Cg; c++) {
-            const T *xc = x + (g * Cg + c) * xs[1];
-            T *bc = buf + g * Cgp + c;
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t w = 0; w < W; w++)
-                    bc[((h + ph) * Wp + w + pw) * Ct] = xc[h * xs[2] + w * xs[3]];
+    /* transpose in blocks of 16 pixels so that both sides touch few cache lines (a plain
+     * channel-major or pixel-major loop thrashes L1 on 4 KiB-strided NCHW planes) */
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t w0 = 0; w0 < W; w0 += 16) {
+            const int64_t w1 = W - w0 < 16 ? W : w0 + 16;
+            T *bp = buf + ((h + ph) * Wp + pw) * Ct;
+            for (int64_t g = 0; g < G; g++)
+                for (int64_t c = 0; c < Cg; c++) {
+                    const T *xc = x + (g * Cg + c) * xs[1] + h * xs[2];
+                    for (int64_t w = w0; w < w1; w++) bp[w * Ct + g * Cgp + c] = xc[w * xs[3]];
+                }
         }
 }
 
@@ -59,7 +63,7 @@ static int64_t *FN(pixel_offsets)(const int64_t *s, const int64_t *ts, int P) {
 static inline __attribute__((always_inline)) void FN(fwd_tile)(
     const T *buf, const int64_t *off, const T *wt, const int64_t *s, int64_t ob, VEC (*out)[2],
     const int P, const int V) {
-    const int64_t Cg = s[5], kh = s[7], kw = s[8], Opad = s[18];
+    const int64_t Cg = s[5], kh = s[7], kw = s[8];
     const int64_t Wp = s[3] + 2 * s[12], Ct = s[4] * s[17];
     const int64_t di = s[13] * Wp * Ct, dj = s[14] * Ct;
     VEC acc[FWD_P1][2];
@@ -70,11 +74,11 @@ static inline __attribute__((always_inline)) void FN(fwd_tile)(
     for (int64_t i = 0; i < kh; i++)
         for (int64_t j = 0; j < kw; j++) {
             const T *xb = buf + i * di + j * dj;
-            const T *wb = wt + (i * kw + j) * Cg * Opad + ob;
+            const T *wb = wt + ob * kh * kw * Cg + (i * kw + j) * Cg * V * VL;
             for (int64_t c = 0; c < Cg; c++) {
                 VEC wv[2];
 #pragma GCC unroll 2
-                for (int v = 0; v < V; v++) wv[v] = FN(ld)(wb + c * Opad + v * VL);
+                for (int v = 0; v < V; v++) wv[v] = FN(ld)(wb + (c * V + v) * VL);
 #pragma GCC unroll 32
                 for (int p = 0; p < P; p++) {
                     const VEC xv = xb[off[p] + c] - (VEC){0}; /* broadcast (x - 0 folds away) */
@@ -121,8 +125,10 @@ static void FN(window_sums)(const T *buf, const int64_t *s, int64_t gr, T *cs, T
         }
 }
 
-/* y[n0:n1, :, pixels q0:q1] = -sum |xpad - w|. wt is the weight packed [G][kh][kw][Cg][Opad]
- * (zero in the Og..Opad-1 padding); y is written through strides ys. */
+/* y[n0:n1, :, pixels q0:q1] = -sum |xpad - w|. wt is the weight packed per group as blocks of
+ * 2*VL output channels (the last block VL wide when Opad is an odd multiple of VL), each block
+ * [kh][kw][Cg][block width] and starting at element ob*K of the group (zero in Og..Opad-1);
+ * y is written through strides ys. */
 void FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const int64_t *ys,
                        const int64_t *s, int64_t n0, int64_t n1, int64_t q0, int64_t q1) {
     const int64_t G = s[4], Cg = s[5], Og = s[6], kh = s[7], kw = s[8], Opad = s[18];
@@ -134,9 +140,11 @@ void FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const i
     const int64_t *to = xo + L + FWD_P1;
     T *cs = buf + Hp * Wp * Ct, *sx = cs + Hp * Wp, *sw = sx + L;
     for (int64_t o = 0; o < G * Opad; o++) { /* sum_k w[o, k] */
-        const T *wo = wt + (o / Opad) * K * Opad + o % Opad;
+        const int64_t oo = o % Opad, full = Opad / (2 * VL) * (2 * VL);
+        const int64_t ob = oo < full ? oo - oo % (2 * VL) : full, bw = oo < full ? 2 * VL : VL;
+        const T *wo = wt + (o / Opad) * K * Opad + ob * K + (oo - ob);
         T a = 0;
-        for (int64_t k = 0; k < K; k++) a += wo[k * Opad];
+        for (int64_t k = 0; k < K; k++) a += wo[k * bw];
         sw[o] = a;
     }
     VEC acc[FWD_P1][2];
@@ -170,7 +178,7 @@ void FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const i
  * clamp(w - x, -1, 1) = clamp(w, x - 1, x + 1) - x, so the loop is max, min, fma (three ops)
  * and the -x * sum_o g[p, o] term (gsum) is applied once at the end. */
 static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, const T *wb,
-                         int64_t wo, const T *gt, const T *gsum, int64_t Og) {
+                         const T *gt, const T *gsum, int64_t Og) {
     VEC lo[GIN_P], hi[GIN_P], acc[GIN_P];
 #pragma GCC unroll 32
     for (int p = 0; p < GIN_P; p++) {
@@ -180,7 +188,7 @@ static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, cons
         acc[p] = (VEC){0};
     }
     for (int64_t o = 0; o < Og; o++) {
-        const VEC wv = FN(ld)(wb + o * wo);
+        const VEC wv = FN(ld)(wb + o * VL);
         const T *go = gt + o * GIN_P;
 #pragma GCC unroll 32
         for (int p = 0; p < GIN_P; p++) acc[p] += go[p] * VMIN(VMAX(wv, lo[p]), hi[p]);
@@ -189,8 +197,8 @@ static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, cons
         FN(st)(gb + off[p], FN(ld)(gb + off[p]) + (acc[p] - FN(ld)(xb + off[p]) * gsum[p]));
 }
 
-/* gx[n0:n1] = input gradient. w2 is the weight packed [G][Og][kh][kw][Cgp] (zero channel
- * padding); g and gx are read/written through strides gs / gxs. */
+/* gx[n0:n1] = input gradient. w2 is the weight packed [G][kh][kw][Cgp/VL][Og][VL] (zero channel
+ * padding), so a tile streams one contiguous block of it; g and gx are read/written through strides gs / gxs. */
 void FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
                           const int64_t *gs, T *gx, const int64_t *gxs, const int64_t *s,
                           int64_t n0, int64_t n1) {
@@ -222,18 +230,19 @@ void FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g
                         for (int64_t cv = 0; cv < Cgp; cv += VL) {
                             const int64_t base = gr * Cgp + i * di + j * dj + cv;
                             FN(gin_tile)(buf + base, gbuf + base, xo + q, m,
-                                         w2 + gr * Og * wo + (i * kw + j) * Cgp + cv, wo, gt, gsum, Og);
+                                         w2 + gr * Og * wo + ((i * kw + j) * Cgp + cv) * Og, gt, gsum, Og);
                         }
             }
         }
-        T *gxn = gx + n * gxs[0];
-        for (int64_t gr = 0; gr < G; gr++)
-            for (int64_t c = 0; c < Cg; c++) {
-                const T *bc = gbuf + gr * Cgp + c;
-                T *xc = gxn + (gr * Cg + c) * gxs[1];
-                for (int64_t h = 0; h < H; h++)
-                    for (int64_t w = 0; w < W; w++)
-                        xc[h * gxs[2] + w * gxs[3]] = bc[((h + ph) * Wp + w + pw) * Ct];
+        for (int64_t h = 0; h < H; h++) /* copy the interior out, blocked as in pad_image */
+            for (int64_t w0 = 0; w0 < W; w0 += 16) {
+                const int64_t w1 = W - w0 < 16 ? W : w0 + 16;
+                const T *bp = gbuf + ((h + ph) * Wp + pw) * Ct;
+                for (int64_t gr = 0; gr < G; gr++)
+                    for (int64_t c = 0; c < Cg; c++) {
+                        T *gc = gx + n * gxs[0] + (gr * Cg + c) * gxs[1] + h * gxs[2];
+                        for (int64_t w = w0; w < w1; w++) gc[w * gxs[3]] = bp[w * Ct + gr * Cgp + c];
+                    }
             }
     }
     free(xo);

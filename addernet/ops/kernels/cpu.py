@@ -83,9 +83,12 @@ def forward(x, w, stride, padding, dilation, groups):
     dt = _compute_dtype(x)
     xk, wk = x.to(dt), w.to(dt)
     s = _shape(xk, wk, stride, padding, dilation, groups, cpad=False)
+    vl = _lib().adder_vbytes() // xk.element_size()
     G, Cg, Og, kh, kw, ho, wo, opad = s[4], s[5], s[6], s[7], s[8], s[15], s[16], s[18]
-    wt = wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 3, 4, 2, 1)
-    wt = F.pad(wt, (0, opad - Og)).contiguous()
+    wt = F.pad(wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 3, 4, 2, 1).reshape(G, -1, Og), (0, opad - Og))
+    full = opad // (2 * vl) * (2 * vl)  # blocks of 2*vl output channels, [K][block] each; see adder_cpu.c
+    wt = torch.cat([wt[..., :full].reshape(G, Cg * kh * kw, full // (2 * vl), 2 * vl).transpose(1, 2).reshape(G, -1),
+                    wt[..., full:].reshape(G, -1)], 1).contiguous()
     y = torch.empty(s[0], w.shape[0], ho, wo, dtype=dt)
     fn = getattr(_lib(), "adder_forward" + _KERNEL_DTYPES[dt])
     sa, xs, ys = _arr(s), _arr(xk.stride()), _arr(y.stride())
@@ -105,8 +108,9 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups):
     xk, wk, gk = x.to(dt), w.to(dt), grad_out.to(dt)
     s = _shape(xk, wk, stride, padding, dilation, groups, cpad=True)
     G, Cg, Og, kh, kw, cgp = s[4], s[5], s[6], s[7], s[8], s[17]
-    w2 = wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 1, 3, 4, 2)
-    w2 = F.pad(w2, (0, cgp - Cg)).contiguous()
+    vl = _lib().adder_vbytes() // xk.element_size()
+    w2 = F.pad(wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 1, 3, 4, 2), (0, cgp - Cg))
+    w2 = w2.reshape(G, Og, kh, kw, cgp // vl, vl).permute(0, 2, 3, 4, 1, 5).contiguous()  # [G][kh][kw][Cgp/vl][Og][vl]
     gx = torch.empty(x.shape, dtype=dt)
     fn = getattr(_lib(), "adder_grad_input" + _KERNEL_DTYPES[dt])
     args = (xk.data_ptr(), _arr(xk.stride()), w2.data_ptr(), gk.data_ptr(), _arr(gk.stride()),

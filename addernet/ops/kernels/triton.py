@@ -56,8 +56,7 @@ if triton is not None:
                     sxn, sxc, sxh, sxw, syn, syc, syh, syw,
                     KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                     PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-                    RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr,
-                    UNROLL: tl.constexpr):
+                    RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr):
         # y[n, g*Og+o, oh, ow] = -sum_{c,i,j} |x[n, g*Cg+c, oh*SH-PH+i*DH, ow*SW-PW+j*DW] - w[g, i, j, c, o]|
         # w is pre-permuted to [G, KH, KW, Cg, Ogp], Ogp = Og padded to a multiple of _PAD.
         BM: tl.constexpr = RM * TM
@@ -87,7 +86,7 @@ if triton is not None:
                 # x for channel c+1 is loaded before channel c is used (register double buffer:
                 # hides the L2 latency of the pixel loads behind 2*RM*RN FADDs)
                 xv = tl.load(xp).to(tl.float32)
-                for c in tl.range(1, Cg + 1, loop_unroll_factor=UNROLL):
+                for c in range(1, Cg + 1):
                     xn = tl.load(xp + tl.minimum(c, Cg - 1) * sxc).to(tl.float32)
                     if PH > 0 or PW > 0:
                         xv = tl.where(ok, xv, 0.0)
@@ -104,8 +103,7 @@ if triton is not None:
                       sxn, sxc, sxh, sxw, sgn, sgc, sgh, sgw, sdn, sdc, sdh, sdw,
                       KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                       PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-                      RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr,
-                      UNROLL: tl.constexpr):
+                      RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr):
         # dx[n, g*Cg+c, h, w] = sum_{o,i,j: h = oh*SH-PH+i*DH, w = ow*SW-PW+j*DW} gout * clamp(w - x, -1, 1)
         # w is pre-transformed to w/2 + 1/2 and permuted to [G, KH, KW, Og, Cgp] (fp32, Cg padded).
         # Grid axis 2 = group x stride residue class (ph, pw); axis 0 tiles the N*Hc*Wc pixels
@@ -149,7 +147,7 @@ if triton is not None:
                         gp = g_img + ohc * sgh + tl.minimum(tl.maximum(nw, 0) // SW, Wo - 1) * sgw
                         wp = w_grp + (i * KW + j) * Og * Cgp
                         gv = tl.load(gp).to(tl.float32)  # double buffer, as in the forward
-                        for o in tl.range(1, Og + 1, loop_unroll_factor=UNROLL):
+                        for o in range(1, Og + 1):
                             gn = tl.load(gp + tl.minimum(o, Og - 1) * sgc).to(tl.float32)
                             gv = tl.where(ok, gv, 0.0)
                             wv = tl.load(wp + (o - 1) * Cgp)
@@ -162,8 +160,8 @@ if triton is not None:
         tl.store(dp, dx, mask=m_ok & (offs_n < Cg))
 
 
-def _cfg(rm, rn, tm, tn, num_warps, unroll=1):
-    return triton.Config(dict(RM=rm, RN=rn, TM=tm, TN=tn, UNROLL=unroll), num_warps=num_warps, num_stages=1)
+def _cfg(rm, rn, tm, tn, num_warps):
+    return triton.Config(dict(RM=rm, RN=rn, TM=tm, TN=tn), num_warps=num_warps, num_stages=1)
 
 
 # Tile configs (RM, RN, TM, TN, warps), TM * TN == 32 * warps. Family "TN=1": lanes along pixels,
@@ -209,7 +207,7 @@ def _launch(kernel, tuned, grid_fn, args, meta, config):
     rm, rn, tm, tn, nw = config or _INTERPRET_CONFIG
     if tm * tn != 32 * nw or _PAD % (rn * tn):
         raise ValueError(f"bad tile config {config}: need TM*TN == 32*warps and RN*TN dividing {_PAD}")
-    tile = dict(RM=rm, RN=rn, TM=tm, TN=tn, UNROLL=1)
+    tile = dict(RM=rm, RN=rn, TM=tm, TN=tn)
     kernel[grid_fn(tile)](*args, **meta, **tile, num_warps=nw, num_stages=1)
 
 
