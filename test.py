@@ -140,11 +140,13 @@ def run(cfg, overrides):
     (load_official if kind == OFFICIAL else load_weights)(model, state, source=path, hint=hint)
     memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
     model = model.to(device=device, memory_format=memory_format)
+    if device.type != "cuda" and cfg.data.get("pin_memory"):
+        cfg.data.pin_memory = False  # pinning needs an accelerator; avoids DataLoader's warning on CPU
     loader = build_loader(cfg.data, "val", rank=dist.get_rank(), world_size=dist.get_world_size())
     if main:
         where = cfg.data.get("val_dir") or cfg.data.get("root")
         print(f"checkpoint {path} [{kind}]\nmodel {cfg.model.name} ({cfg.model.layer}) | data {cfg.data.name} "
-              f"val split ({len(loader.dataset.dataset)} images, {where}) | device {device} x "
+              f"val split ({len(loader.dataset.dataset)} images{f', {where}' if where else ''}) | device {device} x "
               f"{dist.get_world_size()} | amp {cfg.trainer.amp}", flush=True)
     bar = tqdm(loader, desc="test", unit="batch", disable=not (main and cfg.trainer.progress), file=sys.stderr)
     result = evaluate(model, bar, device, amp=cfg.trainer.amp, channels_last=bool(cfg.trainer.channels_last))

@@ -226,6 +226,17 @@ def test_module_matches_conv2d_interface():
     assert abs(w.mean().item()) < 0.03 and abs(w.std().item() - 1) < 0.03
 
 
+@pytest.mark.parametrize("backend", ("fast", "eager", "reference"))
+def test_empty_batch(backend, backend_env):
+    backend_env(backend)
+    layer = Adder2d(4, 8, 3, padding=1)
+    x = torch.randn(0, 4, 5, 5, requires_grad=True)
+    y = layer(x)
+    y.sum().backward()
+    assert y.shape == (0, 8, 5, 5) and x.grad.shape == x.shape
+    assert torch.equal(layer.weight.grad, torch.zeros_like(layer.weight))
+
+
 def test_torch_compile_matches_eager(backend_env):
     backend_env("fast")
     torch.manual_seed(6)

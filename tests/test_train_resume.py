@@ -7,6 +7,7 @@ import sys
 import time
 
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from addernet.checkpoint import load_checkpoint
 from addernet.engine import train
@@ -72,4 +73,9 @@ def test_sigterm_then_sigkill_then_resume_equals_uninterrupted(tmp_path, jpeg_ci
     ref_model = load_checkpoint(reference / "checkpoints" / "last.pt")["model"]
     got_model = load_checkpoint(run / "checkpoints" / "last.pt")["model"]
     assert all(torch.equal(ref_model[k], got_model[k]) for k in ref_model)
-    assert os.listdir(run / "checkpoints") == os.listdir(reference / "checkpoints")
+    assert sorted(os.listdir(run / "checkpoints")) == ["best.pt", "last.pt"]
+    # TensorBoard: the replayed epoch's events were purged, so each epoch has exactly one point.
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [(e.step, round(e.value, 4)) for e in events.Scalars("val/top1")] == \
+        [(r["epoch"], round(r["val_top1"], 4)) for r in expected]

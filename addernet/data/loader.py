@@ -33,7 +33,8 @@ def build_loader(data_cfg, split, dataset=None, *, rank=0, world_size=1, seed=0)
     if dataset is None:
         dataset = build_dataset(data_cfg, split)
     per_rank = _split_batch(data_cfg, world_size)
-    common = dict(num_workers=int(data_cfg.num_workers), pin_memory=bool(data_cfg.pin_memory),
+    common = dict(num_workers=int(data_cfg.num_workers),
+                  pin_memory=bool(data_cfg.pin_memory) and torch.cuda.is_available(),  # no-op without a GPU
                   generator=torch.Generator().manual_seed(int(seed)))
     if split == "train":
         sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=int(seed))

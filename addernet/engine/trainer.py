@@ -136,10 +136,10 @@ def _rng_state():
 
 
 def _set_rng_state(state):
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(state["torch"].cpu())  # the checkpoint may have been mapped to a GPU
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def _write_jsonl(path, records):
@@ -150,6 +150,21 @@ def _write_jsonl(path, records):
     os.replace(tmp, path)
 
 
+def _write_events(writer, record, alphas, model, histograms):
+    """One epoch's TensorBoard points (x axis = epoch number, 1-based), flushed."""
+    step = record["epoch"]
+    for tag, key in (("train/loss", "train_loss"), ("train/top1", "train_top1"), ("val/loss", "val_loss"),
+                     ("val/top1", "val_top1"), ("val/top5", "val_top5"), ("lr", "lr"), ("images_per_s", "images_per_s")):
+        writer.add_scalar(tag, record[key], step)
+    for name, alpha in alphas.items():
+        writer.add_scalar(f"adaptive_lr/{name}", alpha, step)
+    if histograms:
+        for name, module in model.named_modules():
+            if isinstance(module, Adder2d):
+                writer.add_histogram(f"adder_weight/{name}", module.weight.detach().float().cpu(), step)
+    writer.flush()
+
+
 class _StopFlag:
     """SIGTERM sets the flag; the loop checks it after each step (on every rank, then agrees)."""
 
@@ -157,8 +172,7 @@ class _StopFlag:
         self.requested = False
 
     def __call__(self, signum, frame):
-        self.requested = True
-        log.warning("SIGTERM received: finishing the current step, then saving checkpoints/last.pt")
+        self.requested = True  # nothing else here: a signal handler must not take locks (e.g. logging's)
 
 
 # --------------------------------------------------------------------------------------- logging
@@ -298,7 +312,10 @@ def _run(cfg, run_dir, ckpt_dir, device, rank, world, main, stop):
         scaler.load_state_dict(ckpt["scaler"])
         state.update({k: ckpt[k] for k in state})
         train_sums.load_state_dict(ckpt["train_sums"])
-        ckpt_rng = ckpt["rng"][rank] if state["step"] else None
+        ckpt_rng = ckpt["rng"][rank] if state["step"] and ckpt["world_size"] == world else None
+        if state["step"] and ckpt["world_size"] != world:
+            log.warning("mid-epoch checkpoint from %d process(es) resumed on %d: the rest of the epoch continues "
+                        "at step %d of the new data split (not bit-exact)", ckpt["world_size"], world, state["step"])
         log.info("resumed from %s: %d epoch(s) done%s", path, state["epoch"],
                  f", {state['step']} step(s) into the next" if state["step"] else "")
     if main:
@@ -331,7 +348,7 @@ def _run(cfg, run_dir, ckpt_dir, device, rank, world, main, stop):
         t0 = time.perf_counter()
         lr = optimizer.param_groups[0]["lr"]
         seed_epoch(train_loader, seed, epoch, rank)
-        start_step, state["step"] = state["step"], 0
+        start_step, state["step"] = min(state["step"], len(train_loader)), 0
         if not start_step:
             train_sums = MetricSums(device)
         ddp.train()
@@ -372,6 +389,7 @@ def _run(cfg, run_dir, ckpt_dir, device, rank, world, main, stop):
                     log.info("epoch %d/%d step %d/%d loss %.4f top1 %.2f img/s %.1f", epoch + 1, epochs, step,
                              len(train_loader), running["loss"], running["top1"], rate)
             if dist.any_rank(stop.requested, device):
+                log.warning("SIGTERM: stopping after epoch %d step %d, saving checkpoints/last.pt", epoch + 1, step)
                 rng = gather_rng()
                 if main:
                     save_checkpoint(checkpoint(step, train_sums, rng), os.path.join(ckpt_dir, "last.pt"))
@@ -393,7 +411,7 @@ def _run(cfg, run_dir, ckpt_dir, device, rank, world, main, stop):
         record = {"epoch": epoch + 1, "lr": lr, "train_loss": train_metrics["loss"], "train_top1": train_metrics["top1"],
                   "val_loss": val["loss"], "val_top1": val["top1"], "val_top5": val["top5"], "val_n": val["n"],
                   "epoch_seconds": time.perf_counter() - t0,
-                  "images_per_s": train_metrics["n"] / max(train_seconds, 1e-9),
+                  "images_per_s": seen / max(train_seconds, 1e-9),
                   "val_images_per_s": val["images_per_s"]}
         improved = val["top1"] > state["best_top1"]
         if improved:
@@ -407,17 +425,8 @@ def _run(cfg, run_dir, ckpt_dir, device, rank, world, main, stop):
         if main:
             # Order matters for crash safety: events and metrics first (a replayed epoch purges / rewrites
             # them), then best.pt, then last.pt (the commit point).
-            for tag, key in (("train/loss", "train_loss"), ("train/top1", "train_top1"), ("val/loss", "val_loss"),
-                             ("val/top1", "val_top1"), ("val/top5", "val_top5"), ("lr", "lr"),
-                             ("images_per_s", "images_per_s")):
-                writer.add_scalar(tag, record[key], epoch + 1)
-            for name, alpha in alphas.items():
-                writer.add_scalar(f"adaptive_lr/{name}", alpha, epoch + 1)
-            if epoch == 0 or (epoch + 1) % hist_every == 0 or epoch + 1 == epochs:
-                for name, module in model.named_modules():
-                    if isinstance(module, Adder2d):
-                        writer.add_histogram(f"adder_weight/{name}", module.weight.detach().float().cpu(), epoch + 1)
-            writer.flush()
+            _write_events(writer, record, alphas, model, histograms=epoch == 0 or (epoch + 1) % hist_every == 0
+                          or epoch + 1 == epochs)
             with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
                 f.write(json.dumps(record) + "\n")
             final = checkpoint(0, MetricSums(), None)

@@ -11,7 +11,7 @@ def _cols(x, weight, stride, padding, dilation, groups):
     """Unfold x into (N, G, K, L) columns, K = Cin/G*kh*kw; zero padding counts as input 0."""
     n = x.shape[0]
     cols = F.unfold(x, weight.shape[-2:], dilation=dilation, padding=padding, stride=stride)
-    return cols.view(n, groups, -1, cols.shape[-1])
+    return cols.view(n, groups, cols.shape[1] // groups, cols.shape[-1])
 
 
 def _out_hw(x, weight, stride, padding, dilation):
@@ -41,11 +41,12 @@ class ReferenceAdder2dFunction(torch.autograd.Function):
         cols = _cols(x, weight, stride, padding, dilation, groups)
         w = weight.reshape(groups, weight.shape[0] // groups, -1)
         diff = cols.unsqueeze(2) - w.unsqueeze(0).unsqueeze(-1)  # X - W
-        g = grad_out.reshape(x.shape[0], groups, weight.shape[0] // groups, 1, -1)  # N,G,Og,1,L
+        g = grad_out.reshape(x.shape[0], groups, weight.shape[0] // groups, 1, cols.shape[-1])  # N,G,Og,1,L
         grad_w = (g * diff).sum((0, 4)).reshape_as(weight)
         grad_cols = (g * (-diff).clamp(-1, 1)).sum(2)  # N,G,K,L
-        grad_x = F.fold(grad_cols.reshape(x.shape[0], -1, grad_cols.shape[-1]), x.shape[-2:],
-                        weight.shape[-2:], dilation=dilation, padding=padding, stride=stride)
+        grad_cols = grad_cols.reshape(x.shape[0], groups * w.shape[-1], grad_cols.shape[-1])
+        grad_x = F.fold(grad_cols, x.shape[-2:], weight.shape[-2:], dilation=dilation, padding=padding,
+                        stride=stride)
         return grad_x, grad_w, None, None, None, None
 
 

@@ -128,15 +128,15 @@ static void FN(window_sums)(const T *buf, const int64_t *s, int64_t gr, T *cs, T
 /* y[n0:n1, :, pixels q0:q1] = -sum |xpad - w|. wt is the weight packed per group as blocks of
  * 2*VL output channels (the last block VL wide when Opad is an odd multiple of VL), each block
  * [kh][kw][Cg][block width] and starting at element ob*K of the group (zero in Og..Opad-1);
- * y is written through strides ys. */
-void FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const int64_t *ys,
-                       const int64_t *s, int64_t n0, int64_t n1, int64_t q0, int64_t q1) {
+ * y is written through strides ys. Returns 0, or 1 when scratch memory cannot be allocated. */
+int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const int64_t *ys,
+                      const int64_t *s, int64_t n0, int64_t n1, int64_t q0, int64_t q1) {
     const int64_t G = s[4], Cg = s[5], Og = s[6], kh = s[7], kw = s[8], Opad = s[18];
     const int64_t Hp = s[2] + 2 * s[11], Wp = s[3] + 2 * s[12], Ct = G * s[17];
     const int64_t K = kh * kw * Cg, L = s[15] * s[16];
     T *buf = malloc(sizeof(T) * (size_t)(Hp * Wp * (Ct + 1) + L + G * Opad) + 64);
     int64_t *xo = FN(pixel_offsets)(s, ys, FWD_P1);
-    if (!buf || !xo) { free(buf); free(xo); return; }
+    if (!buf || !xo) { free(buf); free(xo); return 1; }
     const int64_t *to = xo + L + FWD_P1;
     T *cs = buf + Hp * Wp * Ct, *sx = cs + Hp * Wp, *sw = sx + L;
     for (int64_t o = 0; o < G * Opad; o++) { /* sum_k w[o, k] */
@@ -171,6 +171,7 @@ void FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const i
     }
     free(xo);
     free(buf);
+    return 0;
 }
 
 /* Input-gradient micro-kernel for GIN_P pixels x VL channels at one kernel tap:
@@ -198,10 +199,10 @@ static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, cons
 }
 
 /* gx[n0:n1] = input gradient. w2 is the weight packed [G][kh][kw][Cgp/VL][Og][VL] (zero channel
- * padding), so a tile streams one contiguous block of it; g and gx are read/written through strides gs / gxs. */
-void FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
-                          const int64_t *gs, T *gx, const int64_t *gxs, const int64_t *s,
-                          int64_t n0, int64_t n1) {
+ * padding), so a tile streams one contiguous block of it (returns 0, or 1 when out of memory); g and gx are read/written through strides gs / gxs. */
+int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
+                         const int64_t *gs, T *gx, const int64_t *gxs, const int64_t *s,
+                         int64_t n0, int64_t n1) {
     const int64_t H = s[2], W = s[3], G = s[4], Cg = s[5], Og = s[6], kh = s[7], kw = s[8];
     const int64_t ph = s[11], pw = s[12], Cgp = s[17];
     const int64_t Hp = H + 2 * ph, Wp = W + 2 * pw, Ct = G * Cgp, L = s[15] * s[16];
@@ -209,7 +210,7 @@ void FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g
     const size_t img = (size_t)(Hp * Wp * Ct);
     T *buf = malloc(sizeof(T) * (2 * img + (size_t)((Og + 1) * GIN_P)) + 64);
     int64_t *xo = FN(pixel_offsets)(s, gs, GIN_P);
-    if (!buf || !xo) { free(buf); free(xo); return; }
+    if (!buf || !xo) { free(buf); free(xo); return 1; }
     const int64_t *go = xo + L + GIN_P;
     T *gbuf = buf + img, *gt = gbuf + img, *gsum = gt + Og * GIN_P;
     for (int64_t n = n0; n < n1; n++) {
@@ -247,6 +248,7 @@ void FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g
     }
     free(xo);
     free(buf);
+    return 0;
 }
 
 #undef VEC

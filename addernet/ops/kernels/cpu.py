@@ -26,6 +26,8 @@ def _lib():
     for suf in _KERNEL_DTYPES.values():
         getattr(lib, "adder_forward" + suf).argtypes = [p, p, p, p, p, p, i64, i64, i64, i64]
         getattr(lib, "adder_grad_input" + suf).argtypes = [p, p, p, p, p, p, p, p, i64, i64]
+        getattr(lib, "adder_forward" + suf).restype = ctypes.c_int
+        getattr(lib, "adder_grad_input" + suf).restype = ctypes.c_int
     lib.adder_vbytes.restype = ctypes.c_int
     return lib
 
@@ -37,20 +39,20 @@ def available():
 
 
 def _run(jobs, work):
-    """Run callables on the thread pool, re-raising any error; inline when there is one job or
+    """Run kernel calls on the thread pool, re-raising any error; inline when there is one job or
     too little work (`work` ~ abs-differences) to pay for waking threads."""
     global _pool
     workers = torch.get_num_threads()
     if len(jobs) == 1 or workers == 1 or work < SERIAL_WORK:
-        for job in jobs:
-            job()
-        return
-    pool, n, pid = _pool
-    if pool is None or n != workers or pid != os.getpid():  # a forked child needs its own threads
-        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="adder")
-        _pool = (pool, workers, os.getpid())
-    for f in [pool.submit(job) for job in jobs]:
-        f.result()
+        status = [job() for job in jobs]
+    else:
+        pool, n, pid = _pool
+        if pool is None or n != workers or pid != os.getpid():  # a forked child needs its own threads
+            pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="adder")
+            _pool = (pool, workers, os.getpid())
+        status = [f.result() for f in [pool.submit(job) for job in jobs]]
+    if any(status):
+        raise MemoryError("adder CPU kernel could not allocate its per-image scratch buffer")
 
 
 def _arr(values):
@@ -90,6 +92,8 @@ def forward(x, w, stride, padding, dilation, groups):
     wt = torch.cat([wt[..., :full].reshape(G, Cg * kh * kw, full // (2 * vl), 2 * vl).transpose(1, 2).reshape(G, -1),
                     wt[..., full:].reshape(G, -1)], 1).contiguous()
     y = torch.empty(s[0], w.shape[0], ho, wo, dtype=dt)
+    if y.numel() == 0:
+        return y.to(x.dtype)
     fn = getattr(_lib(), "adder_forward" + _KERNEL_DTYPES[dt])
     sa, xs, ys = _arr(s), _arr(xk.stride()), _arr(y.stride())
     workers = torch.get_num_threads()
@@ -112,6 +116,8 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups):
     w2 = F.pad(wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 1, 3, 4, 2), (0, cgp - Cg))
     w2 = w2.reshape(G, Og, kh, kw, cgp // vl, vl).permute(0, 2, 3, 4, 1, 5).contiguous()  # [G][kh][kw][Cgp/vl][Og][vl]
     gx = torch.empty(x.shape, dtype=dt)
+    if gx.numel() == 0 or gk.numel() == 0:
+        return gx.zero_().to(x.dtype)
     fn = getattr(_lib(), "adder_grad_input" + _KERNEL_DTYPES[dt])
     args = (xk.data_ptr(), _arr(xk.stride()), w2.data_ptr(), gk.data_ptr(), _arr(gk.stride()),
             gx.data_ptr(), _arr(gx.stride()), _arr(s))
