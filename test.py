@@ -29,13 +29,14 @@ from addernet.engine.trainer import _build_model, _device_type
 STORED_GROUPS = ("model", "data")  # taken from our checkpoint's config unless overridden
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 _implied = []  # overrides test.py added to the command line itself (see imply_data_choice)
+_peeked = {}  # path -> checkpoint already loaded by imply_data_choice (read once, not twice)
 RESULT_KEYS = ("top1", "top5", "loss", "n", "images_per_s")
 OFFICIAL = "state_dict (official AdderNet format)"
 
 
 def read_checkpoint(path):
     """(state_dict, stored config or None, kind) for our checkpoints and bare (official) state_dicts."""
-    ckpt = load_checkpoint(path, map_location="cpu")
+    ckpt = _peeked.pop(str(path), None) or load_checkpoint(path, map_location="cpu")
     if is_official(ckpt):
         return ckpt, None, OFFICIAL
     if isinstance(ckpt, dict) and is_official(ckpt.get("model")):
@@ -60,6 +61,7 @@ def imply_data_choice(argv):
         ckpt = load_checkpoint(paths[-1], map_location="cpu")
     except CheckpointError:
         return None  # reported by main()
+    _peeked[paths[-1]] = ckpt
     stored = ckpt.get("config") if isinstance(ckpt, dict) and not is_official(ckpt) else None
     name = stored.get("data", {}).get("name") if isinstance(stored, dict) else None
     if isinstance(name, str) and os.path.isfile(os.path.join(CONFIGS, "data", f"{name}.yaml")):

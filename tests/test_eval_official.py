@@ -5,6 +5,7 @@ of the 1,000 JPEGs in ../shared/cifar10-test-sample and its summary (pinned top-
 The full-sample test.py run happens once per session (module fixture) and is shared by the tests.
 """
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -83,7 +84,10 @@ def test_every_prediction_and_logit_matches_the_official_code():
     assert logits.argmax(1).tolist() == [by_file[f]["pred"] for f in files]
     scale = want.abs().amax(1)
     rel = ((logits - want).abs().amax(1) / scale)
-    assert rel.max().item() <= 1e-3, f"worst image {files[rel.argmax()]}: relative error {rel.max().item():.2e}"
+    backend = os.environ.get("ADDERNET_BACKEND", "fast")
+    assert rel.max().item() <= 1e-3, (
+        f"ADDERNET_BACKEND={backend}: {(rel > 1e-3).sum().item()} image(s) beyond 1e-3, worst "
+        f"{files[rel.argmax()]} at {rel.max().item():.2e} of its largest logit (median {rel.median().item():.1e})")
 
 
 def test_converted_checkpoint_gives_identical_results(official_run, tmp_path):

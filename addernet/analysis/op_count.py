@@ -15,18 +15,16 @@ paper's tables (and the ResNet paper's FLOPs its ImageNet rows quote) count ever
 stem included. In an AdderNet the stem and classifier stay multiplicative, so its #Mul is small
 but not 0 as the paper rounds it.
 
-The forward pass runs on the meta device (shapes only, no arithmetic), with adder layers given
-the output shape of the equivalent convolution, so even ResNet-50 at 224x224 counts in a second.
+The forward pass runs on the meta device (shapes only, no arithmetic: Adder2d's fake kernel gives
+the output shape), so even ResNet-50 at 224x224 counts in a second.
 
 Energy: 45 nm, 32-bit float, from M. Horowitz, "Computing's energy problem (and what we can do
 about it)", ISSCC 2014: 3.7 pJ per multiplication, 0.9 pJ per addition.
 """
 import copy
-import types
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..models import MODELS, build_model
 from ..models.blocks import RESIDUAL_BLOCKS
@@ -101,11 +99,6 @@ def _layer_ops(m, x, y):
     return 0, 0
 
 
-def _conv_shaped(self, x):
-    """Shape-only stand-in for an adder layer on the meta device: same output shape as conv2d."""
-    return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-
-
 def _zero():
     return {"params": 0, "mul": 0, "add": 0}
 
@@ -151,8 +144,6 @@ def count_ops(model, input_size, body=None):
 
     handles = []
     for m in meta.modules():
-        if isinstance(m, Adder2d):
-            m.forward = types.MethodType(_conv_shaped, m)
         if isinstance(m, RESIDUAL_BLOCKS):
             handles.append(m.register_forward_hook(block_hook))
         if not list(m.children()):

@@ -188,7 +188,7 @@ def adder2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)
     dtype; float16/bfloat16 are accumulated in float32 by the fast and eager backends."""
     stride, padding, dilation = _pair(stride), _padding_arg(padding), _pair(dilation)
     _check_args(stride=stride, padding=padding, dilation=dilation)
-    if isinstance(input, torch.Tensor) and torch.is_autocast_enabled(input.device.type):
+    if isinstance(input, torch.Tensor) and input.device.type != "meta" and torch.is_autocast_enabled(input.device.type):
         dt = torch.get_autocast_dtype(input.device.type)
         input, weight = input.to(dt), weight.to(dt)
         bias = None if bias is None else bias.to(dt)

@@ -199,7 +199,8 @@ static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, cons
 }
 
 /* gx[n0:n1] = input gradient. w2 is the weight packed [G][kh][kw][Cgp/VL][Og][VL] (zero channel
- * padding), so a tile streams one contiguous block of it (returns 0, or 1 when out of memory); g and gx are read/written through strides gs / gxs. */
+ * padding), so a tile streams one contiguous block of it; g and gx are read / written through
+ * strides gs / gxs. Returns 0, or 1 when scratch memory cannot be allocated. */
 int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
                          const int64_t *gs, T *gx, const int64_t *gxs, const int64_t *s,
                          int64_t n0, int64_t n1) {

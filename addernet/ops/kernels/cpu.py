@@ -87,10 +87,12 @@ def forward(x, w, stride, padding, dilation, groups):
     s = _shape(xk, wk, stride, padding, dilation, groups, cpad=False)
     vl = _lib().adder_vbytes() // xk.element_size()
     G, Cg, Og, kh, kw, ho, wo, opad = s[4], s[5], s[6], s[7], s[8], s[15], s[16], s[18]
-    wt = F.pad(wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 3, 4, 2, 1).reshape(G, -1, Og), (0, opad - Og))
+    K = Cg * kh * kw
+    wt = wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 3, 4, 2, 1).reshape(G, K, Og)
+    wt = F.pad(wt, (0, opad - Og))
     full = opad // (2 * vl) * (2 * vl)  # blocks of 2*vl output channels, [K][block] each; see adder_cpu.c
-    wt = torch.cat([wt[..., :full].reshape(G, Cg * kh * kw, full // (2 * vl), 2 * vl).transpose(1, 2).reshape(G, -1),
-                    wt[..., full:].reshape(G, -1)], 1).contiguous()
+    blocks = wt[..., :full].reshape(G, K, full // (2 * vl), 2 * vl).transpose(1, 2)
+    wt = torch.cat([blocks.reshape(G, -1), wt[..., full:].reshape(G, -1)], 1).contiguous()
     y = torch.empty(s[0], w.shape[0], ho, wo, dtype=dt)
     if y.numel() == 0:
         return y.to(x.dtype)
@@ -114,7 +116,8 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups):
     G, Cg, Og, kh, kw, cgp = s[4], s[5], s[6], s[7], s[8], s[17]
     vl = _lib().adder_vbytes() // xk.element_size()
     w2 = F.pad(wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 1, 3, 4, 2), (0, cgp - Cg))
-    w2 = w2.reshape(G, Og, kh, kw, cgp // vl, vl).permute(0, 2, 3, 4, 1, 5).contiguous()  # [G][kh][kw][Cgp/vl][Og][vl]
+    # [G][kh][kw][Cgp/vl][Og][vl]: a kernel tile streams one contiguous block
+    w2 = w2.reshape(G, Og, kh, kw, cgp // vl, vl).permute(0, 2, 3, 4, 1, 5).contiguous()
     gx = torch.empty(x.shape, dtype=dt)
     if gx.numel() == 0 or gk.numel() == 0:
         return gx.zero_().to(x.dtype)
