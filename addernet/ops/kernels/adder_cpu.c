@@ -40,6 +40,9 @@
 #define GIN_P 4
 #endif
 
+/* Channels summed in registers before the partial sum is added to the running total. */
+#define FWD_KC 32
+
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SUF)

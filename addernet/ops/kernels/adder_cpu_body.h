@@ -57,9 +57,9 @@ static int64_t *FN(pixel_offsets)(const int64_t *s, const int64_t *ts, int P) {
     return xo;
 }
 
-/* Forward micro-kernel: acc[p][v] = sum_{i,j,c} max(x, w) for P pixels x V*VL output channels.
- * |x - w| = 2 max(x, w) - x - w, so the reduction costs two vector ops (max, add) instead of
- * three (sub, abs, add); the sums of x and of w are added back per pixel and per channel. */
+/* Forward micro-kernel: acc[p][v] = sum_{i,j,c} |x - w| for P pixels x V*VL output channels.
+ * The abs-difference is accumulated directly (sub, abs, add): the cheaper rewrite
+ * 2 max(x, w) - x - w cancels large sums and loses ~10x float32 accuracy. */
 static inline __attribute__((always_inline)) void FN(fwd_tile)(
     const T *buf, const int64_t *off, const T *wt, const int64_t *s, int64_t ob, VEC (*out)[2],
     const int P, const int V) {
@@ -70,59 +70,47 @@ static inline __attribute__((always_inline)) void FN(fwd_tile)(
 #pragma GCC unroll 32
     for (int p = 0; p < P; p++)
 #pragma GCC unroll 2
-        for (int v = 0; v < V; v++) acc[p][v] = (VEC){0};
+        for (int v = 0; v < V; v++) out[p][v] = (VEC){0};
     for (int64_t i = 0; i < kh; i++)
         for (int64_t j = 0; j < kw; j++) {
             const T *xb = buf + i * di + j * dj;
             const T *wb = wt + ob * kh * kw * Cg + (i * kw + j) * Cg * V * VL;
-            for (int64_t c = 0; c < Cg; c++) {
-                VEC wv[2];
-#pragma GCC unroll 2
-                for (int v = 0; v < V; v++) wv[v] = FN(ld)(wb + (c * V + v) * VL);
+            /* two-level sum: registers over at most FWD_KC channels, then into `out`, so that
+             * rounding grows with FWD_KC + K/FWD_KC terms instead of K (matches the unfold
+             * reference's accuracy) for one extra add per FWD_KC steps */
+            for (int64_t c0 = 0; c0 < Cg; c0 += FWD_KC) {
+                const int64_t c1 = Cg - c0 < FWD_KC ? Cg : c0 + FWD_KC;
 #pragma GCC unroll 32
-                for (int p = 0; p < P; p++) {
-                    const VEC xv = xb[off[p] + c] - (VEC){0}; /* broadcast (x - 0 folds away) */
+                for (int p = 0; p < P; p++)
 #pragma GCC unroll 2
-                    for (int v = 0; v < V; v++) acc[p][v] += VMAX(xv, wv[v]);
+                    for (int v = 0; v < V; v++) acc[p][v] = (VEC){0};
+                for (int64_t c = c0; c < c1; c++) {
+                    VEC wv[2];
+#pragma GCC unroll 2
+                    for (int v = 0; v < V; v++) wv[v] = FN(ld)(wb + (c * V + v) * VL);
+#pragma GCC unroll 32
+                    for (int p = 0; p < P; p++) {
+                        const VEC xv = xb[off[p] + c] - (VEC){0}; /* broadcast (x - 0 folds away) */
+#pragma GCC unroll 2
+                        for (int v = 0; v < V; v++) acc[p][v] += FN(vabs)(xv - wv[v]);
+                    }
                 }
+#pragma GCC unroll 32
+                for (int p = 0; p < P; p++)
+#pragma GCC unroll 2
+                    for (int v = 0; v < V; v++) out[p][v] += acc[p][v];
             }
         }
-#pragma GCC unroll 32
-    for (int p = 0; p < P; p++)
-#pragma GCC unroll 2
-        for (int v = 0; v < V; v++) out[p][v] = acc[p][v];
 }
 
-/* y = -sum|x - w| = sum x + sum w - 2 sum max(x, w); sx[p] is the window sum of x per pixel,
- * sw[o] the sum of w per output channel. */
-static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *to, const T *sx,
-                               const T *sw, T *y, const int64_t *ys, const int64_t *s, int64_t ob) {
+/* y = -acc for the n valid pixels and the valid channels of this block. */
+static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *to, T *y,
+                               const int64_t *ys, const int64_t *s, int64_t ob) {
     const int64_t no = s[6] - ob < V * VL ? s[6] - ob : V * VL; /* valid channels in this block */
     for (int64_t k = 0; k < no; k++) {
         T *yo = y + (ob + k) * ys[1];
-        const T swo = sw[ob + k];
-        for (int64_t p = 0; p < n; p++) yo[to[p]] = sx[p] + swo - 2 * acc[p][k / VL][k % VL];
+        for (int64_t p = 0; p < n; p++) yo[to[p]] = -acc[p][k / VL][k % VL];
     }
-}
-
-/* Window sums of group gr of the padded image: sx[q] = sum_{i,j,c} buf[q's window, c]. */
-static void FN(window_sums)(const T *buf, const int64_t *s, int64_t gr, T *cs, T *sx) {
-    const int64_t Cg = s[5], Hp = s[2] + 2 * s[11], Wp = s[3] + 2 * s[12], Ct = s[4] * s[17];
-    const int64_t Ho = s[15], Wo = s[16];
-    for (int64_t q = 0; q < Hp * Wp; q++) {
-        const T *b = buf + q * Ct + gr * s[17];
-        T a = 0;
-        for (int64_t c = 0; c < Cg; c++) a += b[c];
-        cs[q] = a;
-    }
-    for (int64_t oy = 0; oy < Ho; oy++)
-        for (int64_t ox = 0; ox < Wo; ox++) {
-            T a = 0;
-            for (int64_t i = 0; i < s[7]; i++)
-                for (int64_t j = 0; j < s[8]; j++)
-                    a += cs[(oy * s[9] + i * s[13]) * Wp + ox * s[10] + j * s[14]];
-            sx[oy * Wo + ox] = a;
-        }
 }
 
 /* y[n0:n1, :, pixels q0:q1] = -sum |xpad - w|. wt is the weight packed per group as blocks of
@@ -134,38 +122,26 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
     const int64_t G = s[4], Cg = s[5], Og = s[6], kh = s[7], kw = s[8], Opad = s[18];
     const int64_t Hp = s[2] + 2 * s[11], Wp = s[3] + 2 * s[12], Ct = G * s[17];
     const int64_t K = kh * kw * Cg, L = s[15] * s[16];
-    T *buf = malloc(sizeof(T) * (size_t)(Hp * Wp * (Ct + 1) + L + G * Opad) + 64);
+    T *buf = malloc(sizeof(T) * (size_t)(Hp * Wp * Ct) + 64);
     int64_t *xo = FN(pixel_offsets)(s, ys, FWD_P1);
     if (!buf || !xo) { free(buf); free(xo); return 1; }
     const int64_t *to = xo + L + FWD_P1;
-    T *cs = buf + Hp * Wp * Ct, *sx = cs + Hp * Wp, *sw = sx + L;
-    for (int64_t o = 0; o < G * Opad; o++) { /* sum_k w[o, k] */
-        const int64_t oo = o % Opad, full = Opad / (2 * VL) * (2 * VL);
-        const int64_t ob = oo < full ? oo - oo % (2 * VL) : full, bw = oo < full ? 2 * VL : VL;
-        const T *wo = wt + (o / Opad) * K * Opad + ob * K + (oo - ob);
-        T a = 0;
-        for (int64_t k = 0; k < K; k++) a += wo[k * bw];
-        sw[o] = a;
-    }
     VEC acc[FWD_P1][2];
     for (int64_t n = n0; n < n1; n++) {
         FN(pad_image)(x + n * xs[0], xs, s, buf);
         for (int64_t g = 0; g < G; g++) {
             const T *wg = wt + g * K * Opad, *bg = buf + g * s[17];
             T *yg = y + n * ys[0] + g * Og * ys[1];
-            FN(window_sums)(buf, s, g, cs, sx);
             int64_t ob = 0;
             for (; ob + 2 * VL <= Opad; ob += 2 * VL)
                 for (int64_t q = q0; q < q1; q += FWD_P2) {
                     FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P2, 2);
-                    FN(fwd_tile_store)(acc, 2, q1 - q < FWD_P2 ? q1 - q : FWD_P2, to + q, sx + q,
-                                       sw + g * Opad, yg, ys, s, ob);
+                    FN(fwd_tile_store)(acc, 2, q1 - q < FWD_P2 ? q1 - q : FWD_P2, to + q, yg, ys, s, ob);
                 }
             for (; ob < Opad; ob += VL)
                 for (int64_t q = q0; q < q1; q += FWD_P1) {
                     FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P1, 1);
-                    FN(fwd_tile_store)(acc, 1, q1 - q < FWD_P1 ? q1 - q : FWD_P1, to + q, sx + q,
-                                       sw + g * Opad, yg, ys, s, ob);
+                    FN(fwd_tile_store)(acc, 1, q1 - q < FWD_P1 ? q1 - q : FWD_P1, to + q, yg, ys, s, ob);
                 }
         }
     }
@@ -176,26 +152,24 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
 
 /* Input-gradient micro-kernel for GIN_P pixels x VL channels at one kernel tap:
  * acc[p] = sum_o g[p, o] * clamp(w[o, c] - x[p, c], -1, 1), added into the padded grad buffer.
- * clamp(w - x, -1, 1) = clamp(w, x - 1, x + 1) - x, so the loop is max, min, fma (three ops)
- * and the -x * sum_o g[p, o] term (gsum) is applied once at the end. */
+ * The clamp is computed on w - x directly (sub, max, min, fma): the cheaper rewrite
+ * clamp(w, x - 1, x + 1) - x cancels against x * sum_o g and loses float32 accuracy. */
 static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, const T *wb,
-                         const T *gt, const T *gsum, int64_t Og) {
-    VEC lo[GIN_P], hi[GIN_P], acc[GIN_P];
+                         const T *gt, int64_t Og) {
+    VEC xv[GIN_P], acc[GIN_P];
+    const VEC one = (VEC){0} + 1, mone = (VEC){0} - 1;
 #pragma GCC unroll 32
     for (int p = 0; p < GIN_P; p++) {
-        const VEC xv = FN(ld)(xb + off[p]);
-        lo[p] = xv - 1;
-        hi[p] = xv + 1;
+        xv[p] = FN(ld)(xb + off[p]);
         acc[p] = (VEC){0};
     }
     for (int64_t o = 0; o < Og; o++) {
         const VEC wv = FN(ld)(wb + o * VL);
         const T *go = gt + o * GIN_P;
 #pragma GCC unroll 32
-        for (int p = 0; p < GIN_P; p++) acc[p] += go[p] * VMIN(VMAX(wv, lo[p]), hi[p]);
+        for (int p = 0; p < GIN_P; p++) acc[p] += go[p] * VMIN(VMAX(wv - xv[p], mone), one);
     }
-    for (int64_t p = 0; p < n; p++)
-        FN(st)(gb + off[p], FN(ld)(gb + off[p]) + (acc[p] - FN(ld)(xb + off[p]) * gsum[p]));
+    for (int64_t p = 0; p < n; p++) FN(st)(gb + off[p], FN(ld)(gb + off[p]) + acc[p]);
 }
 
 /* gx[n0:n1] = input gradient. w2 is the weight packed [G][kh][kw][Cgp/VL][Og][VL] (zero channel
@@ -209,11 +183,11 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
     const int64_t Hp = H + 2 * ph, Wp = W + 2 * pw, Ct = G * Cgp, L = s[15] * s[16];
     const int64_t di = s[13] * Wp * Ct, dj = s[14] * Ct, wo = kh * kw * Cgp;
     const size_t img = (size_t)(Hp * Wp * Ct);
-    T *buf = malloc(sizeof(T) * (2 * img + (size_t)((Og + 1) * GIN_P)) + 64);
+    T *buf = malloc(sizeof(T) * (2 * img + (size_t)(Og * GIN_P)) + 64);
     int64_t *xo = FN(pixel_offsets)(s, gs, GIN_P);
     if (!buf || !xo) { free(buf); free(xo); return 1; }
     const int64_t *go = xo + L + GIN_P;
-    T *gbuf = buf + img, *gt = gbuf + img, *gsum = gt + Og * GIN_P;
+    T *gbuf = buf + img, *gt = gbuf + img;
     for (int64_t n = n0; n < n1; n++) {
         FN(pad_image)(x + n * xs[0], xs, s, buf);
         memset(gbuf, 0, sizeof(T) * img);
@@ -221,18 +195,14 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
             const T *gg = g + n * gs[0] + gr * Og * gs[1];
             for (int64_t q = 0; q < L; q += GIN_P) {
                 const int64_t m = L - q < GIN_P ? L - q : GIN_P;
-                for (int p = 0; p < GIN_P; p++) gsum[p] = 0;
                 for (int64_t o = 0; o < Og; o++) /* pack g[tile, o]; zero past the tail */
-                    for (int p = 0; p < GIN_P; p++) {
-                        gt[o * GIN_P + p] = p < m ? gg[o * gs[1] + go[q + p]] : 0;
-                        gsum[p] += gt[o * GIN_P + p];
-                    }
+                    for (int p = 0; p < GIN_P; p++) gt[o * GIN_P + p] = p < m ? gg[o * gs[1] + go[q + p]] : 0;
                 for (int64_t i = 0; i < kh; i++)
                     for (int64_t j = 0; j < kw; j++)
                         for (int64_t cv = 0; cv < Cgp; cv += VL) {
                             const int64_t base = gr * Cgp + i * di + j * dj + cv;
                             FN(gin_tile)(buf + base, gbuf + base, xo + q, m,
-                                         w2 + gr * Og * wo + ((i * kw + j) * Cgp + cv) * Og, gt, gsum, Og);
+                                         w2 + gr * Og * wo + ((i * kw + j) * Cgp + cv) * Og, gt, Og);
                         }
             }
         }
