@@ -101,6 +101,25 @@ def test_fast_wide_layers(dtype, layout, backend_env):
         torch.testing.assert_close(a.double(), r, **tol)
 
 
+def test_fast_float32_rounding_matches_the_reference(backend_env):
+    """float32 error of the fast path, measured against float64, stays within a small factor of
+    the unfold reference's own float32 error (a long sequential sum, or rewrites such as
+    |x - w| = 2 max(x, w) - x - w, are ~10x worse and compound through BatchNorm in a network)."""
+    torch.manual_seed(3)
+    x = torch.randn(2, 128, 8, 8, dtype=torch.float64) + 2  # offset inputs: large |x - w| sums
+    w = torch.randn(32, 128, 3, 3, dtype=torch.float64)
+    gy = torch.randn(2, 32, 8, 8, dtype=torch.float64)
+    conf = (1, 1, 1, 1)
+    truth = _run(backend_env, "reference", x, w, None, conf, gy)
+    errs = {}
+    for backend in ("reference", "fast"):
+        y, (gx, gw) = _run(backend_env, backend, x.float(), w.float(), None, conf, gy.float())
+        errs[backend] = [((a.double() - t).abs().max() / t.abs().max()).item()
+                         for a, t in zip((y, gx, gw), (truth[0], *truth[1]))]
+    for name, fast, ref in zip(("forward", "grad_input", "grad_weight"), errs["fast"], errs["reference"]):
+        assert fast <= 4 * ref + 1e-7, f"{name}: fast float32 error {fast:.2e} vs reference {ref:.2e}"
+
+
 def test_eager_chunks_match_reference(backend_env, monkeypatch):
     """A tiny chunk budget forces the eager backend to split groups, channels, images and rows."""
     from addernet.ops.kernels import eager
