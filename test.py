@@ -23,8 +23,7 @@ from addernet import distributed as dist
 from addernet.checkpoint import CheckpointError, load_checkpoint
 from addernet.checkpoint.official import is_official, load_official, load_weights
 from addernet.data import DataError, build_loader
-from addernet.engine import ConfigError, check_config, evaluate
-from addernet.engine.trainer import _build_model, _device_type
+from addernet.engine import ConfigError, check_config, device_type, evaluate, model_from_config
 
 STORED_GROUPS = ("model", "data")  # taken from our checkpoint's config unless overridden
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -126,11 +125,11 @@ def run(cfg, overrides):
     if stored is not None:
         cfg = effective_config(cfg, stored, overrides)
     check_config(cfg)
-    device = dist.init_distributed(_device_type(cfg))
+    device = dist.init_distributed(device_type(cfg))
     if str(cfg.trainer.device).startswith("cuda:") and not dist.is_distributed():
         device = torch.device(str(cfg.trainer.device))
     main = dist.is_main()
-    model = _build_model(cfg)
+    model = model_from_config(cfg)
     if stored is None:
         origin = " (no config stored in the checkpoint: model/data come from the command line)"
     else:

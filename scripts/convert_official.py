@@ -20,8 +20,8 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
 from addernet.checkpoint.official import is_official, load_official, official_to_ours  # noqa: E402
-from addernet.engine import ConfigError  # noqa: E402
-from addernet.engine.trainer import FORMAT_VERSION, _build_model  # noqa: E402
+from addernet.engine import ConfigError, model_from_config  # noqa: E402
+from addernet.engine.trainer import FORMAT_VERSION  # noqa: E402
 from addernet.models import MODELS  # noqa: E402
 
 # Default data config per model family (the official files: ResNet-20 on CIFAR-10, ResNet-50 on ImageNet).
@@ -46,7 +46,7 @@ def convert(src, dst, model, layer, data):
     with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base="1.3"):
         cfg = compose("test", overrides=[f"model={model}", f"model.layer={layer}", f"data={data}"])
     config = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in ("model", "data")}
-    load_official(_build_model(OmegaConf.create(config)), ckpt, source=src,
+    load_official(model_from_config(OmegaConf.create(config)), ckpt, source=src,
                   hint="Pick the checkpoint's architecture with --model (and --layer/--data).")
     return save_checkpoint({"format_version": FORMAT_VERSION, "model": official_to_ours(ckpt), "config": config,
                             "source": {"file": os.path.basename(src), "sha256": sha256(src),

@@ -7,8 +7,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from addernet import Adder2d
-from addernet.engine import ConfigError, check_config
-from addernet.engine.trainer import _build_model
+from addernet.engine import ConfigError, check_config, model_from_config
 from conftest import REPO, compose
 
 PRESETS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
@@ -46,7 +45,7 @@ def test_preset_composes_with_the_paper_recipe_and_builds(preset):
     if dataset == "imagenet":
         assert cfg.data.transform == "imagenet" and cfg.data.image_size == 224 and cfg.data.num_classes == 1000
 
-    model = _build_model(cfg)
+    model = model_from_config(cfg)
     n_adder = sum(isinstance(m, Adder2d) for m in model.modules())
     assert (n_adder > 0) == (form == "adder")
     if dataset != "imagenet" and (form == "cnn" or model_name in ("resnet20", "lenet5_bn")):
@@ -100,7 +99,7 @@ def test_bad_values_give_clear_errors(override, message):
 
 def test_unknown_model_names_the_choices():
     with pytest.raises(ConfigError, match="model.name='resnet99'.*resnet20"):
-        _build_model(compose(["model.name=resnet99"]))
+        model_from_config(compose(["model.name=resnet99"]))
 
 
 def test_every_experiment_file_documents_its_paper_number():

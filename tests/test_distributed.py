@@ -8,8 +8,7 @@ import pytest
 
 from addernet.checkpoint import load_checkpoint
 from addernet.data import build_loader
-from addernet.engine import evaluate
-from addernet.engine.trainer import _build_model
+from addernet.engine import evaluate, model_from_config
 from conftest import compose, run_train
 
 ARGS = ["data=fake", "data.train_size=64", "data.val_size=37", "data.batch_size=16", "model=lenet5_bn",
@@ -35,7 +34,7 @@ def test_torchrun_two_cpu_processes(tmp_path):
 
     # The reduced validation numbers equal one process evaluating the saved weights on all 37 images.
     cfg = compose(ARGS)
-    model = _build_model(cfg)
+    model = model_from_config(cfg)
     ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
     assert ckpt["world_size"] == 2
     model.load_state_dict(ckpt["model"])

@@ -13,8 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from addernet import AdaptiveLR, Adder2d
 from addernet.checkpoint import load_checkpoint
 from addernet.data import build_loader
-from addernet.engine import NonFiniteLoss, Preempted, evaluate, train
-from addernet.engine.trainer import _build_model
+from addernet.engine import NonFiniteLoss, Preempted, evaluate, model_from_config, train
 from conftest import compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10
 
 METRIC_KEYS = {"epoch", "lr", "train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "val_n",
@@ -48,7 +47,7 @@ def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
     assert set(ckpt) == CKPT_KEYS and ckpt["format_version"] == 1 and ckpt["epoch"] == 1 and ckpt["step"] == 0
     assert ckpt["config"] == OmegaConf.to_container(cfg, resolve=True) and ckpt["history"] == [record]
     assert set(load_checkpoint(run / "checkpoints" / "best.pt")) == CKPT_KEYS
-    model = _build_model(cfg)
+    model = model_from_config(cfg)
     model.load_state_dict(ckpt["model"])
     val = evaluate(model, build_loader(cfg.data, "val"), "cpu")
     assert val["n"] == 37 and val["top1"] == record["val_top1"] and val["top5"] == record["val_top5"]

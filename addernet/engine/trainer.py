@@ -105,14 +105,16 @@ def check_config(cfg):
                           f"(or auto).")
 
 
-def _device_type(cfg):
+def device_type(cfg):
+    """Device type, "cuda" or "cpu", from trainer.device (auto: CUDA when present)."""
     device = str(cfg.trainer.device)
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return "cuda" if device.startswith("cuda") else "cpu"
 
 
-def _build_model(cfg):
+def model_from_config(cfg):
+    """The model of cfg.model for the dataset of cfg.data (ConfigError on a bad name or form)."""
     try:
         from ..models import build_model
     except ImportError as e:
@@ -212,8 +214,7 @@ def train(cfg, run_dir):
     check_config(cfg)
     if cfg.trainer.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
-    device_type = _device_type(cfg)
-    device = dist.init_distributed(device_type)
+    device = dist.init_distributed(device_type(cfg))
     if str(cfg.trainer.device).startswith("cuda:") and not dist.is_distributed():
         device = torch.device(str(cfg.trainer.device))
     try:
@@ -265,7 +266,7 @@ def _run(cfg, run_dir, ckpt_dir, device, rank, world, main, stop):
     log.info("run dir %s | %d process(es) | device %s | amp %s", run_dir, world, device, amp)
 
     # model, data, optimiser, schedule, scaler, adaptive LR
-    model = _build_model(cfg)  # before the data: a wrong model name fails before any download
+    model = model_from_config(cfg)  # before the data: a wrong model name fails before any download
     if tcfg.sync_bn and dist.is_distributed():
         if device.type == "cpu":
             raise ConfigError("trainer.sync_bn=true needs CUDA (torch's SyncBatchNorm does not run on CPU); "
