@@ -120,6 +120,35 @@ def test_fast_float32_rounding_matches_the_reference(backend_env):
         assert fast <= 4 * ref + 1e-7, f"{name}: fast float32 error {fast:.2e} vs reference {ref:.2e}"
 
 
+@pytest.mark.parametrize("openmp", [True, False])
+def test_fast_parallel_dispatch(openmp, backend_env, monkeypatch):
+    """Both ways of running the C kernel on several threads (torch's OpenMP workers, or the thread
+    pool used when the kernel was built without OpenMP) split batches and small images correctly."""
+    from addernet.ops.kernels import cpu
+
+    lib = cpu._lib()
+    if not openmp:
+        monkeypatch.setattr(lib, "adder_openmp", lambda: 0)
+    elif not lib.adder_openmp():
+        pytest.skip("the C kernel was built without OpenMP here")
+    monkeypatch.setattr(cpu, "SERIAL_WORK", 0)
+    n = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(5)
+        for batch in (1, 5):  # batch < threads splits each image's pixels; otherwise the images
+            x = torch.randn(batch, 8, 11, 9, dtype=torch.float64)
+            w = torch.randn(12, 8, 3, 3, dtype=torch.float64)
+            gy = torch.randn(batch, 12, 11, 9, dtype=torch.float64)
+            y_r, g_r = _run(backend_env, "reference", x, w, None, (1, 1, 1, 1), gy)
+            y_f, g_f = _run(backend_env, "fast", x, w, None, (1, 1, 1, 1), gy)
+            torch.testing.assert_close(y_f, y_r, rtol=1e-12, atol=1e-12)
+            for a, r in zip(g_f, g_r):
+                torch.testing.assert_close(a, r, rtol=1e-12, atol=1e-12)
+    finally:
+        torch.set_num_threads(n)
+
+
 def test_eager_chunks_match_reference(backend_env, monkeypatch):
     """A tiny chunk budget forces the eager backend to split groups, channels, images and rows."""
     from addernet.ops.kernels import eager

@@ -81,5 +81,14 @@
 #endif
 #include "adder_cpu_body.h"
 
+/* 1 when built with OpenMP (the *_ranges entry points run in parallel), else 0. */
+int adder_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* Vector width in bytes: Python pads channel counts to multiples of VBYTES / sizeof(T). */
 int adder_vbytes(void) { return VBYTES; }

@@ -222,5 +222,26 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
     return 0;
 }
 
+/* The same over R ranges r[4k..4k+3] = (n0, n1, q0, q1) / r[2k..2k+1] = (n0, n1), in parallel on
+ * OpenMP's threads (torch's runtime, see build.py); serial when built without OpenMP. */
+int FN(adder_forward_ranges)(const T *x, const int64_t *xs, const T *wt, T *y, const int64_t *ys,
+                             const int64_t *s, const int64_t *r, int64_t R, int nt) {
+    int err = 0;
+#pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(| : err)
+    for (int64_t k = 0; k < R; k++)
+        err |= FN(adder_forward)(x, xs, wt, y, ys, s, r[4 * k], r[4 * k + 1], r[4 * k + 2], r[4 * k + 3]);
+    return err;
+}
+
+int FN(adder_grad_input_ranges)(const T *x, const int64_t *xs, const T *w2, const T *g,
+                                const int64_t *gs, T *gx, const int64_t *gxs, const int64_t *s,
+                                const int64_t *r, int64_t R, int nt) {
+    int err = 0;
+#pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(| : err)
+    for (int64_t k = 0; k < R; k++)
+        err |= FN(adder_grad_input)(x, xs, w2, g, gs, gx, gxs, s, r[2 * k], r[2 * k + 1]);
+    return err;
+}
+
 #undef VEC
 #undef IVEC

@@ -7,6 +7,10 @@ hash of the sources, compiler, flags and CPU, so a changed kernel or machine reb
 It is written to a temporary file and renamed into place, so concurrent processes (torchrun
 ranks) are safe. Delete the cache directory (or set ADDERNET_REBUILD=1) to force a rebuild;
 set CC to choose the compiler.
+
+It is built with -fopenmp when the compiler supports it: the library then links libgomp.so.1, and
+the dynamic loader hands it the copy torch already loaded, so the kernels run on torch's own
+OpenMP threads instead of a second pool that would fight torch's spin-waiting workers for the cores.
 """
 import ctypes
 import functools
@@ -19,6 +23,7 @@ from pathlib import Path
 
 SOURCES = ("adder_cpu.c", "adder_cpu_body.h")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11")  # no -ffast-math: see adder_cpu.c
+OPENMP = ("-fopenmp",)  # tried first; without it the kernels run on a Python thread pool (cpu.py)
 
 
 class BuildError(RuntimeError):
@@ -43,14 +48,21 @@ def _cpu_fingerprint():
 @functools.lru_cache(maxsize=None)
 def load_library():
     """Return the ctypes library, compiling it into the cache first if needed (raises BuildError)."""
-    here = Path(__file__).parent
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise BuildError(f"C compiler {cc!r} not found")
+    try:
+        return _build(cc, FLAGS + OPENMP)
+    except BuildError:  # a compiler without OpenMP: the serial build still works
+        return _build(cc, FLAGS)
+
+
+def _build(cc, flags):
+    here = Path(__file__).parent
     key = hashlib.sha256()
     for name in SOURCES:
         key.update((here / name).read_bytes())
-    key.update(" ".join((shutil.which(cc),) + FLAGS).encode())
+    key.update(" ".join((shutil.which(cc),) + flags).encode())
     key.update(_cpu_fingerprint().encode())
     target = cache_dir() / f"adder_cpu_{key.hexdigest()[:16]}.so"
     if os.environ.get("ADDERNET_REBUILD") == "1" or not target.exists():
@@ -58,7 +70,7 @@ def load_library():
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            cmd = [cc, *FLAGS, str(here / "adder_cpu.c"), "-o", tmp]
+            cmd = [cc, *flags, str(here / "adder_cpu.c"), "-o", tmp]
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
                 raise BuildError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-500:]}")

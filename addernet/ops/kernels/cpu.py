@@ -1,8 +1,9 @@
 """Fast CPU backend: the compiled C kernel (adder_cpu.c) with the batch split across threads.
 
-ctypes releases the GIL during the call, so a plain thread pool of torch.get_num_threads()
-workers runs the images in parallel without bringing a second OpenMP runtime into the process.
-float16/bfloat16 are computed in float32 and cast back.
+The threads are torch's own OpenMP workers (the kernel links the libgomp torch loaded, see
+build.py): a separate pool would compete with those workers, which spin-wait after every torch
+op, and measured no faster than one thread. Built without OpenMP, a Python thread pool runs the
+ranges instead (ctypes releases the GIL). float16/bfloat16 are computed in float32 and cast back.
 """
 import ctypes
 import functools
@@ -26,8 +27,10 @@ def _lib():
     for suf in _KERNEL_DTYPES.values():
         getattr(lib, "adder_forward" + suf).argtypes = [p, p, p, p, p, p, i64, i64, i64, i64]
         getattr(lib, "adder_grad_input" + suf).argtypes = [p, p, p, p, p, p, p, p, i64, i64]
-        getattr(lib, "adder_forward" + suf).restype = ctypes.c_int
-        getattr(lib, "adder_grad_input" + suf).restype = ctypes.c_int
+        getattr(lib, "adder_forward_ranges" + suf).argtypes = [p, p, p, p, p, p, p, i64, ctypes.c_int]
+        getattr(lib, "adder_grad_input_ranges" + suf).argtypes = [p, p, p, p, p, p, p, p, p, i64, ctypes.c_int]
+        for name in ("adder_forward", "adder_grad_input", "adder_forward_ranges", "adder_grad_input_ranges"):
+            getattr(lib, name + suf).restype = ctypes.c_int
     lib.adder_vbytes.restype = ctypes.c_int
     return lib
 
@@ -38,14 +41,19 @@ def available():
     return True
 
 
-def _run(jobs, work):
-    """Run kernel calls on the thread pool, re-raising any error; inline when there is one job or
-    too little work (`work` ~ abs-differences) to pay for waking threads."""
+def _run(fn, dt, args, ranges, work):
+    """Run kernel `fn` for dtype `dt` over `ranges` in parallel, raising on failure;
+    on one thread when there is one range or too little work (`work` ~ abs-differences)."""
     global _pool
-    workers = torch.get_num_threads()
-    if len(jobs) == 1 or workers == 1 or work < SERIAL_WORK:
-        status = [job() for job in jobs]
+    lib, suf = _lib(), _KERNEL_DTYPES[dt]
+    workers = 1 if len(ranges) == 1 or work < SERIAL_WORK else torch.get_num_threads()
+    if lib.adder_openmp():
+        flat = [v for r in ranges for v in r]
+        status = [getattr(lib, fn + "_ranges" + suf)(*args, _arr(flat), len(ranges), workers)]
+    elif workers == 1:
+        status = [getattr(lib, fn + suf)(*args, *r) for r in ranges]
     else:
+        jobs = [functools.partial(getattr(lib, fn + suf), *args, *r) for r in ranges]
         pool, n, pid = _pool
         if pool is None or n != workers or pid != os.getpid():  # a forked child needs its own threads
             pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="adder")
@@ -96,7 +104,6 @@ def forward(x, w, stride, padding, dilation, groups):
     y = torch.empty(s[0], w.shape[0], ho, wo, dtype=dt)
     if y.numel() == 0:
         return y.to(x.dtype)
-    fn = getattr(_lib(), "adder_forward" + _KERNEL_DTYPES[dt])
     sa, xs, ys = _arr(s), _arr(xk.stride()), _arr(y.stride())
     workers = torch.get_num_threads()
     if s[0] >= workers:
@@ -104,7 +111,7 @@ def forward(x, w, stride, padding, dilation, groups):
     else:  # small batch: split each image's output pixels instead
         ranges = [(n, n + 1, a, b) for n in range(s[0]) for a, b in _splits(ho * wo, workers)]
     args = (xk.data_ptr(), xs, wt.data_ptr(), y.data_ptr(), ys, sa)
-    _run([functools.partial(fn, *args, *r) for r in ranges], y.numel() * wk[0].numel())
+    _run("adder_forward", dt, args, ranges, y.numel() * wk[0].numel())
     return y.to(x.dtype)
 
 
@@ -121,9 +128,8 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups):
     gx = torch.empty(x.shape, dtype=dt)
     if gx.numel() == 0 or gk.numel() == 0:
         return gx.zero_().to(x.dtype)
-    fn = getattr(_lib(), "adder_grad_input" + _KERNEL_DTYPES[dt])
     args = (xk.data_ptr(), _arr(xk.stride()), w2.data_ptr(), gk.data_ptr(), _arr(gk.stride()),
             gx.data_ptr(), _arr(gx.stride()), _arr(s))
-    _run([functools.partial(fn, *args, a, b) for a, b in _splits(s[0], torch.get_num_threads())],
+    _run("adder_grad_input", dt, args, _splits(s[0], torch.get_num_threads()),
          gk.numel() * wk[0].numel())
     return gx.to(x.dtype)
