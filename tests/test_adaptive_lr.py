@@ -235,7 +235,7 @@ def test_zero_gradient_stays_zero():
     (layer(make_input(1, 2, 4, 4, seed=11)) * 0).sum().backward()
     alphas = AdaptiveLR(layer).apply()
     assert torch.equal(layer.weight.grad, torch.zeros_like(layer.weight))
-    assert math.isfinite(alphas[""])
+    assert alphas == {"": 0.0}  # reported as 0, not the clamp's eta*sqrt(k)/1e-12 spike
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

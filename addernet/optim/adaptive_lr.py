@@ -47,7 +47,7 @@ class AdaptiveLR:
                 seen.add(id(module.weight))
                 self._layers.append((name, module.weight))
         self._handles = []
-        self._last = ([], [])  # (names, alpha tensors) of the last application, read lazily
+        self._last = ([], [], [])  # (names, alpha tensors, norms) of the last application, read lazily
 
     @property
     def names(self):
@@ -83,23 +83,27 @@ class AdaptiveLR:
 
     @property
     def alphas(self):
-        """``{layer_name: alpha}`` of the last application (one device sync, on read only)."""
-        names, alphas = self._last
+        """``{layer_name: alpha}`` of the last application (one device sync, on read only).
+
+        A layer whose gradient was exactly zero reports 0 (its update is 0 whatever alpha is), not
+        the clamp's eta*sqrt(k)/1e-12, which would be a meaningless spike in the logged curves."""
+        names, alphas, norms = self._last
         if not alphas:
             return {}
-        return dict(zip(names, torch.stack([a.to(alphas[0]) for a in alphas]).tolist()))
+        alphas = torch.stack([a.to(alphas[0]) for a in alphas])
+        norms = torch.stack([n.to(alphas) for n in norms])
+        return dict(zip(names, torch.where(norms > 0, alphas, 0).tolist()))
 
     def _scale(self, layers, grad_scale=None):
         layers = [(n, p) for n, p in layers if p.requires_grad and p.grad is not None]
         grads = [p.grad for _, p in layers]
         if not grads:
-            self._last = ([], [])
+            self._last = ([], [], [])
             return
         # All on device, no sync: norms in one foreach call, in >= float32 so that tiny
         # half-precision norms neither underflow the clamp nor overflow alpha.
         norms = [n if n.dtype in (torch.float32, torch.float64) else n.float() for n in torch._foreach_norm(grads)]
-        torch._foreach_clamp_min_(norms, _EPS)
-        alphas = torch._foreach_reciprocal(norms)
+        alphas = torch._foreach_reciprocal(torch._foreach_clamp_min(norms, _EPS))
         torch._foreach_mul_(alphas, [self.eta * math.sqrt(g.numel()) for g in grads])
         if grad_scale is not None:  # G = s * true G: keep norm s * eta * sqrt(k), alpha stays true
             torch._foreach_mul_(alphas, grad_scale)
@@ -109,4 +113,4 @@ class AdaptiveLR:
         for g, a in zip(grads, alphas):
             if g.dtype != a.dtype:  # half/bfloat16 gradient: multiply in float32, round once
                 g.copy_(g.float().mul_(a))
-        self._last = ([n for n, _ in layers], alphas)
+        self._last = ([n for n, _ in layers], alphas, norms)
