@@ -30,7 +30,8 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from addernet import Adder2d  # noqa: E402
+from addernet import AdaptiveLR, Adder2d  # noqa: E402
+from addernet.models import build_model  # noqa: E402
 
 # (name, batch, in, out, size, kernel, stride, padding)
 RESNET20 = [
@@ -136,6 +137,29 @@ def bench(shapes, repeats, ref_limit_gb, ref_repeats):
     return rows
 
 
+def model_step(batch, repeats):
+    """Median ms of one whole ResNet-20 training step (forward, backward, adaptive LR, SGD step),
+    AdderNet on the fast backend vs its CNN twin, on CIFAR-sized input."""
+    os.environ["ADDERNET_BACKEND"] = "fast"
+    torch.manual_seed(0)
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    out = {}
+    for layer in ("adder", "conv"):
+        model = build_model("resnet20", layer).train()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+        if layer == "adder":
+            AdaptiveLR(model, 0.2).attach(opt)
+        times = []
+        for r in range(repeats + 2):  # two warm-up steps
+            t = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            times.append((time.perf_counter() - t) * 1e3)
+        out[layer] = statistics.median(times[2:])
+    return out
+
+
 HEADER = ("| shape | batch | fast ms | reference ms | conv ms | fast/conv | ref/fast | fast/conv CPU time "
           "| fast MB | ref MB | conv MB | fast/conv mem |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 
@@ -174,6 +198,11 @@ def main():
     print("# times: median fwd+bwd wall ms (± half the interquartile range); memory: peak RSS rise, MiB")
     print(HEADER)
     rows = bench(shapes, repeats, args.ref_limit_gb, min(args.ref_repeats, repeats))
+    step = model_step(64, repeats)
+    meta["resnet20_step_ms"] = step
+    print(f"# whole ResNet-20 training step, batch 64 (forward, backward, SGD step; adaptive LR on the "
+          f"AdderNet): AdderNet {step['adder']:.1f} ms, CNN twin {step['conv']:.1f} ms, "
+          f"ratio {step['adder'] / step['conv']:.2f}")
     meta["load_after"] = os.getloadavg()
     r20 = [r for r in rows if r["shape"].startswith("r20")]
     refs = [r["reference_over_fast"] for r in rows if r["reference_over_fast"]]
