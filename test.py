@@ -20,8 +20,8 @@ from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from addernet import distributed as dist
-from addernet.checkpoint import CheckpointError, load_checkpoint
-from addernet.checkpoint.official import is_official, load_official, load_weights
+from addernet.checkpoint import CheckpointError, load_checkpoint, load_weights
+from addernet.checkpoint.official import is_official, load_official
 from addernet.data import DataError, build_loader
 from addernet.engine import ConfigError, check_config, device_type, evaluate, model_from_config
 

@@ -153,7 +153,7 @@ def bench_tiles(spec, tk, warmup, reps):
 
 
 def train_step_bench(batch, warmup, reps):
-    """One ResNet-20 SGD step (fwd + bwd + update) on random CIFAR-sized data: adder vs conv twin."""
+    """One ResNet-20 SGD step (fwd + bwd + adaptive LR + update) on random CIFAR-sized data: adder vs conv twin."""
     try:
         from addernet.models import build_model
     except ImportError as e:
@@ -163,6 +163,9 @@ def train_step_bench(batch, warmup, reps):
         torch.manual_seed(0)
         model = build_model("resnet20", layer=layer).cuda().train()
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+        if layer == "adder":  # a real AdderNet step includes the adaptive learning rate
+            from addernet import AdaptiveLR
+            AdaptiveLR(model, 0.2).attach(opt)
         x = torch.randn(batch, 3, 32, 32, device="cuda")
         t = torch.randint(0, 10, (batch,), device="cuda")
 

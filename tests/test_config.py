@@ -91,6 +91,7 @@ def test_unknown_key_is_rejected_by_hydra():
     ("data.batch_size=0", "data.batch_size must be an integer >= 1"),
     ("adaptive_lr.eta=-1", "adaptive_lr.eta must be a positive number"),
     ("trainer.device=tpu", "trainer.device='tpu' is not valid"),
+    ("data.in_channels=1", "data.mean has 3 value.* but data.in_channels=1; give one per channel"),
 ])
 def test_bad_values_give_clear_errors(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):

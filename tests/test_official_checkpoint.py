@@ -6,7 +6,8 @@ import torch
 
 from addernet import Adder2d
 from addernet.checkpoint import CheckpointError, load_checkpoint
-from addernet.checkpoint.official import is_official, load_official, load_weights, official_to_ours
+from addernet.checkpoint import load_weights
+from addernet.checkpoint.official import is_official, load_official, official_to_ours
 from addernet.models import build_model
 from conftest import SHARED
 

@@ -6,7 +6,6 @@ import os
 import signal
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

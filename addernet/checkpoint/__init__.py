@@ -1,4 +1,4 @@
-"""Checkpoint files: atomic save and safe (weights_only) load."""
-from .io import CheckpointError, load_checkpoint, save_checkpoint
+"""Checkpoint files: atomic save, safe (weights_only) load, checked loading into a model."""
+from .io import CheckpointError, load_checkpoint, load_weights, save_checkpoint
 
-__all__ = ["CheckpointError", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CheckpointError", "load_checkpoint", "load_weights", "save_checkpoint"]

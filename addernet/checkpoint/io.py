@@ -66,3 +66,34 @@ def load_checkpoint(path, map_location="cpu"):
             f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). If it is a run's last.pt, use best.pt "
             f"or an earlier copy; checkpoints written by this repo are atomic, so this usually means the file "
             f"was damaged after writing or copied incompletely.") from None
+
+
+def _listing(title, items, limit=12):
+    shown = [f"    {x}" for x in items[:limit]]
+    if len(items) > limit:
+        shown.append(f"    ... and {len(items) - limit} more")
+    return [f"  {title} ({len(items)}):"] + shown
+
+
+def load_weights(model, state_dict, source="checkpoint", hint=""):
+    """load_state_dict(strict) with a readable error listing missing, unexpected and mis-shaped keys.
+
+    `source` names the file in the message; `hint` says what to try (e.g. which override picks the model).
+    """
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    misshaped = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
+                 for k, v in state_dict.items() if k in expected and tuple(v.shape) != tuple(expected[k].shape)]
+    if missing or unexpected or misshaped:
+        lines = [f"{source} does not fit the model {type(model).__name__} "
+                 f"({len(state_dict)} tensors in the checkpoint, {len(expected)} in the model):"]
+        for title, items in (("missing in the checkpoint", missing), ("unexpected in the checkpoint", unexpected),
+                             ("mis-shaped", misshaped)):
+            if items:
+                lines += _listing(title, items)
+        if hint:
+            lines.append(hint)
+        raise CheckpointError("\n".join(lines))
+    model.load_state_dict(state_dict)
+    return model

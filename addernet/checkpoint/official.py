@@ -1,4 +1,4 @@
-"""Official AdderNet checkpoints (huawei-noah/AdderNet) and checked weight loading into our models.
+"""Official AdderNet checkpoints (huawei-noah/AdderNet) and their mapping onto our models.
 
 The official files (ResNet20-AdderNet.pth for CIFAR-10, ResNet50-AdderNet.pth for ImageNet) are
 plain state_dicts saved from nn.DataParallel: every key starts with `module.`, adder weights are
@@ -12,7 +12,8 @@ from collections.abc import Mapping
 import torch
 
 from ..ops import Adder2d
-from .io import CheckpointError
+from .io import CheckpointError, _listing, load_weights
+
 
 def is_official(obj):
     """True for a bare state_dict (a non-empty mapping of names to tensors), as the official files are.
@@ -36,37 +37,6 @@ def official_to_ours(state_dict):
             key = f"{module}.bias"
         out[key] = value
     return out
-
-
-def _listing(title, items, limit=12):
-    shown = [f"    {x}" for x in items[:limit]]
-    if len(items) > limit:
-        shown.append(f"    ... and {len(items) - limit} more")
-    return [f"  {title} ({len(items)}):"] + shown
-
-
-def load_weights(model, state_dict, source="checkpoint", hint=""):
-    """load_state_dict(strict) with a readable error listing missing, unexpected and mis-shaped keys.
-
-    `source` names the file in the message; `hint` says what to try (e.g. which override picks the model).
-    """
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in expected]
-    misshaped = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
-                 for k, v in state_dict.items() if k in expected and tuple(v.shape) != tuple(expected[k].shape)]
-    if missing or unexpected or misshaped:
-        lines = [f"{source} does not fit the model {type(model).__name__} "
-                 f"({len(state_dict)} tensors in the checkpoint, {len(expected)} in the model):"]
-        for title, items in (("missing in the checkpoint", missing), ("unexpected in the checkpoint", unexpected),
-                             ("mis-shaped", misshaped)):
-            if items:
-                lines += _listing(title, items)
-        if hint:
-            lines.append(hint)
-        raise CheckpointError("\n".join(lines))
-    model.load_state_dict(state_dict)
-    return model
 
 
 def load_official(model, state_dict, source="checkpoint", hint=""):

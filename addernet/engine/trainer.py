@@ -25,7 +25,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import distributed as dist
-from ..checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ..checkpoint import CheckpointError, load_checkpoint, load_weights, save_checkpoint
 from ..data import build_dataset, build_loader, seed_epoch
 from ..ops import Adder2d
 from ..optim import AdaptiveLR
@@ -87,6 +87,11 @@ def check_config(cfg):
     _int(cfg, "data.num_workers", 0)
     _int(cfg, "data.num_classes", 1)
     _int(cfg, "data.in_channels", 1)
+    for key in ("mean", "std"):  # Normalize would fail deep inside the data loader instead
+        values = cfg.data.get(key)
+        if values is not None and len(values) != int(cfg.data.in_channels):
+            raise ConfigError(f"data.{key} has {len(values)} value(s) but data.in_channels={cfg.data.in_channels}; "
+                              f"give one per channel, e.g. data.{key}=[{','.join(['0.5'] * int(cfg.data.in_channels))}].")
     _choice(cfg, "trainer.amp", tuple(AMP_DTYPES))
     _choice(cfg, "model.layer", ("adder", "conv"))
     _choice(cfg, "optim.name", ("sgd",))
@@ -303,11 +308,9 @@ def _run(cfg, run_dir, ckpt_dir, device, rank, world, main, stop):
         if missing:
             raise CheckpointError(f"{path} is not a training checkpoint of this repo (missing {', '.join(missing)});"
                                   f" to start from weights only, use a fresh run dir without trainer.resume.")
-        try:
-            model.load_state_dict(ckpt["model"])
-        except RuntimeError as e:
-            raise CheckpointError(f"{path} does not fit model.name={cfg.model.name} model.layer={cfg.model.layer}: "
-                                  f"{str(e).splitlines()[0]}") from None
+        load_weights(model, ckpt["model"], source=path,
+                     hint=f"(built from model.name={cfg.model.name} model.layer={cfg.model.layer}; resume with the "
+                          f"run's own model and data settings, or start a fresh run dir)")
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
@@ -362,6 +365,7 @@ def _run(cfg, run_dir, ckpt_dir, device, rank, world, main, stop):
         bar = tqdm(total=len(train_loader), initial=start_step, desc=f"epoch {epoch + 1}/{epochs}",
                    disable=not (main and tcfg.progress), dynamic_ncols=True, leave=False)
         seen, t_train = 0, time.perf_counter()
+        t_postfix = t_train
         for step, (images, target) in enumerate(batches, start=start_step + 1):
             images = images.to(device, non_blocking=True, memory_format=memory_format)
             target = target.to(device, non_blocking=True)
@@ -381,12 +385,15 @@ def _run(cfg, run_dir, ckpt_dir, device, rank, world, main, stop):
             train_sums.update(loss.detach() * target.shape[0], logits, target)
             seen += target.shape[0] * world
             rate = seen / max(time.perf_counter() - t_train, 1e-9)
-            if not bar.disable or step % tcfg.log_every == 0:
+            bar.update(1)
+            log_step = step % tcfg.log_every == 0
+            # Reading the running sums syncs with the device: at most twice a second for the bar.
+            if log_step or (not bar.disable and time.perf_counter() - t_postfix > 0.5):
+                t_postfix = time.perf_counter()
                 running = train_sums.compute()
                 bar.set_postfix(loss=f"{running['loss']:.3f}", top1=f"{running['top1']:.1f}",
                                 img_s=f"{rate:.0f}", refresh=False)
-                bar.update(1)
-                if step % tcfg.log_every == 0:
+                if log_step:
                     log.info("epoch %d/%d step %d/%d loss %.4f top1 %.2f img/s %.1f", epoch + 1, epochs, step,
                              len(train_loader), running["loss"], running["top1"], rate)
             if dist.any_rank(stop.requested, device):
