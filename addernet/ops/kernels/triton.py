@@ -2,15 +2,17 @@
 
 Both are implicit GEMMs on CUDA cores (no im2col buffer, no tensor cores: |x - w| is not a
 product).  A program owns an output tile of BM pixels x BN channels held in fp32 registers as
-a 4-D block [RN, RM, TN, TM]: each thread keeps RM x RN accumulators (pixel m = rm*TM + tm,
-channel n = rn*TN + tn) and the TM x TN threads tile the block.  Written this way Triton's
-default layout gives every thread a register tile, so the inner loop over the reduction
-(input channel c at kernel tap i, j) is RM + RN loads and 2*RM*RN FADDs (x - w, then
-acc + |.| with the abs folded into the add): the rank-1 update of a CUDA-core GEMM.
-The x / w loads stay in that layout only if Triton's layout pass keeps them there, which it
-does when TN == 1 (lanes along pixels, weights broadcast) or when both loads have fewer
-elements than the program has threads; the configs below respect that (checked offline on
-sm_90 SASS: one layout, no shared-memory round trip in the loop).
+a 4-D block of the register dims RM, RN and the lane dims TM, TN: each thread keeps RM x RN
+accumulators (pixel m = rm*TM + tm, channel n = rn*TN + tn) and the TM x TN threads tile the
+block.  Written this way Triton's layout gives every thread a register tile, so the inner loop
+over the reduction (input channel c at kernel tap i, j) is RM + RN loads and 2*RM*RN FADDs
+(x - w, then acc + |.| with the abs folded into the add): the rank-1 update of a CUDA-core GEMM.
+Which dim order gets lanes on TM / TN depends on how Triton's layout passes break ties between
+dims of equal contiguity (the pixel loads have none provable): Triton >= 3.7 wants the lane
+dims last, [RN, RM, TN, TM]; 3.6 wants them first, [TM, TN, RM, RN], and with the other order
+spills and moves every input-gradient step through shared memory.  Both orders are compiled
+and checked offline on sm_90 SASS by scripts/triton_sass_report.py (one layout, no spills, no
+shared-memory round trip in the loop for the TN == 1 tiles).
 
 Padding is handled without masked loads in the loop: addresses are clamped into the image
 and the loaded value replaced by 0 outside it (zero padding counts as x = 0).
@@ -26,6 +28,7 @@ tensors with more than 2**31 elements work as long as one image has fewer.
 """
 import inspect
 import os
+import re
 from contextlib import nullcontext as _nullcontext
 
 import torch
@@ -51,12 +54,24 @@ def available():
 if triton is not None:
 
     @triton.jit
+    def _tile_offsets(m0, n0, RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr,
+                      LF: tl.constexpr):
+        # LF (lanes first): dims [TM, TN, RM, RN], else [RN, RM, TN, TM]; see the module docstring
+        if LF:
+            m = m0 + tl.arange(0, TM)[:, None, None, None] + tl.arange(0, RM)[None, None, :, None] * TM
+            n = n0 + tl.arange(0, TN)[None, :, None, None] + tl.arange(0, RN)[None, None, None, :] * TN
+        else:
+            m = m0 + tl.arange(0, RM)[None, :, None, None] * TM + tl.arange(0, TM)[None, None, None, :]
+            n = n0 + tl.arange(0, RN)[:, None, None, None] * TN + tl.arange(0, TN)[None, None, :, None]
+        return m, n
+
+    @triton.jit
     def _fwd_kernel(x_ptr, w_ptr, y_ptr,
                     M, H, W, Ho, Wo, Cg, Og, Ogp,
                     sxn, sxc, sxh, sxw, syn, syc, syh, syw,
                     KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                     PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-                    RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr):
+                    RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr, LF: tl.constexpr):
         # y[n, g*Og+o, oh, ow] = -sum_{c,i,j} |x[n, g*Cg+c, oh*SH-PH+i*DH, ow*SW-PW+j*DW] - w[g, i, j, c, o]|
         # w is pre-permuted to [G, KH, KW, Cg, Ogp], Ogp = Og padded to a multiple of _PAD.
         BM: tl.constexpr = RM * TM
@@ -64,8 +79,7 @@ if triton is not None:
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         g = tl.program_id(2)
-        offs_m = pid_m * BM + tl.arange(0, RM)[None, :, None, None] * TM + tl.arange(0, TM)[None, None, None, :]
-        offs_n = pid_n * BN + tl.arange(0, RN)[:, None, None, None] * TN + tl.arange(0, TN)[None, None, :, None]
+        offs_m, offs_n = _tile_offsets(pid_m * BM, pid_n * BN, RM, RN, TM, TN, LF)
         mc = tl.minimum(offs_m, M - 1)  # clamped: every load is in bounds, stores are masked
         ow = mc % Wo
         t = mc // Wo
@@ -73,7 +87,7 @@ if triton is not None:
         nb = t // Ho
         x_img = x_ptr + nb.to(tl.int64) * sxn + g * Cg * sxc
         w_grp = w_ptr + g * (KH * KW * Cg * Ogp) + offs_n  # rows padded to Ogp: no mask, constant offsets
-        acc = tl.zeros([RN, RM, TN, TM], dtype=tl.float32)
+        acc = tl.zeros_like((offs_m + offs_n).to(tl.float32))
         for i in tl.static_range(KH):
             ih = oh * SH - PH + i * DH
             ih_ok = (ih >= 0) & (ih < H)
@@ -103,7 +117,7 @@ if triton is not None:
                       sxn, sxc, sxh, sxw, sgn, sgc, sgh, sgw, sdn, sdc, sdh, sdw,
                       KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
                       PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-                      RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr):
+                      RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr, LF: tl.constexpr):
         # dx[n, g*Cg+c, h, w] = sum_{o,i,j: h = oh*SH-PH+i*DH, w = ow*SW-PW+j*DW} gout * clamp(w - x, -1, 1)
         # w is pre-transformed to w/2 + 1/2 and permuted to [G, KH, KW, Og, Cgp] (fp32, Cg padded).
         # Grid axis 2 = group x stride residue class (ph, pw); axis 0 tiles the N*Hc*Wc pixels
@@ -117,8 +131,7 @@ if triton is not None:
         ph = (pz % (SH * SW)) // SW
         pw = pz % SW
         Mc = N * Hc * Wc
-        offs_m = pid_m * BM + tl.arange(0, RM)[None, :, None, None] * TM + tl.arange(0, TM)[None, None, None, :]
-        offs_n = pid_n * BN + tl.arange(0, RN)[:, None, None, None] * TN + tl.arange(0, TN)[None, None, :, None]
+        offs_m, offs_n = _tile_offsets(pid_m * BM, pid_n * BN, RM, RN, TM, TN, LF)
         mc = tl.minimum(offs_m, Mc - 1)
         nc = tl.minimum(offs_n, Cg - 1)
         wq = mc % Wc
@@ -133,8 +146,8 @@ if triton is not None:
         xh = 0.5 * tl.load(x_ptr + nb.to(tl.int64) * sxn + (g * Cg + nc) * sxc + hs * sxh + ws * sxw).to(tl.float32)
         g_img = g_ptr + nb.to(tl.int64) * sgn + g * Og * sgc
         w_grp = w_ptr + g * (KH * KW * Og * Cgp) + offs_n
-        acc = tl.zeros([RN, RM, TN, TM], dtype=tl.float32)
-        gsum = tl.zeros([1, RM, 1, TM], dtype=tl.float32)
+        acc = tl.zeros_like((offs_m + offs_n).to(tl.float32))
+        gsum = tl.zeros_like(offs_m.to(tl.float32))
         for i in tl.static_range(KH):
             if (ph + PH - i * DH) % SH == 0:  # taps of this row hit the class (uniform per program)
                 nh = h + PH - i * DH  # = oh * SH when the tap is valid
@@ -160,16 +173,31 @@ if triton is not None:
         tl.store(dp, dx, mask=m_ok & (offs_n < Cg))
 
 
+def _triton_version():
+    return tuple(int(p) for p in re.findall(r"\d+", triton.__version__)[:2])
+
+
+# Lane dims first for Triton 3.6 and older (see the module docstring), for the TN == 1 tiles only:
+# the 2-D tiles compile better in the other order there (the forward without spills).
+LANES_FIRST = triton is not None and _triton_version() < (3, 7)
+
+
+def _tile(rm, rn, tm, tn):
+    return dict(RM=rm, RN=rn, TM=tm, TN=tn, LF=LANES_FIRST and tn == 1)
+
+
 def _cfg(rm, rn, tm, tn, num_warps):
-    return triton.Config(dict(RM=rm, RN=rn, TM=tm, TN=tn), num_warps=num_warps, num_stages=1)
+    return triton.Config(_tile(rm, rn, tm, tn), num_warps=num_warps, num_stages=1)
 
 
 # Tile configs (RM, RN, TM, TN, warps), TM * TN == 32 * warps. Family "TN=1": lanes along pixels,
-# each thread RM pixels x RN channels, the RN weights are warp-uniform loads (suits small channel
-# counts such as ResNet-20's 16). Family "2-D": BM and BN below the thread count, 4x8 or 8x8
-# per thread. scripts/triton_sass_report.py prints registers and the hot-loop instruction mix of
-# each on sm_90 without a GPU (8,8,16,16 spills in the input-gradient kernel, hence not there).
-_FWD_CONFIGS = [(4, 16, 128, 1, 4), (2, 16, 128, 1, 4), (4, 8, 16, 8, 4), (8, 8, 16, 16, 8)]
+# each thread RM pixels x RN channels, the RN weights are warp-uniform vector loads (RN = 16 suits
+# ResNet-20's 16 channels, RN = 32 wider layers, RM = 2 layers with few pixels). Family "2-D":
+# BM and BN below the thread count, 4x8 per thread. scripts/triton_sass_report.py prints the
+# registers and hot-loop instruction mix of each on sm_90 without a GPU: FP share of the loop
+# 88 % (4,32), 84 % (4,16), 77 % (2,16), 59-69 % (2-D) in the forward; wider input-gradient
+# tiles (4,32 or 8,16) spill, so that kernel stops at 4,16.
+_FWD_CONFIGS = [(4, 32, 128, 1, 4), (4, 16, 128, 1, 4), (2, 16, 128, 1, 4), (4, 8, 16, 8, 4)]
 _DGRAD_CONFIGS = [(4, 16, 128, 1, 4), (2, 16, 128, 1, 4), (4, 8, 16, 8, 4)]
 _INTERPRET_CONFIG = (2, 2, 8, 4, 1)  # small tile, TN > 1 and RM, RN > 1: exercises the 4-D mapping
 
@@ -207,7 +235,7 @@ def _launch(kernel, tuned, grid_fn, args, meta, config):
     rm, rn, tm, tn, nw = config or _INTERPRET_CONFIG
     if tm * tn != 32 * nw or _PAD % (rn * tn):
         raise ValueError(f"bad tile config {config}: need TM*TN == 32*warps and RN*TN dividing {_PAD}")
-    tile = dict(RM=rm, RN=rn, TM=tm, TN=tn)
+    tile = _tile(rm, rn, tm, tn)
     kernel[grid_fn(tile)](*args, **meta, **tile, num_warps=nw, num_stages=1)
 
 
