@@ -73,7 +73,7 @@ if triton is not None:
                     PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
                     RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr, LF: tl.constexpr):
         # y[n, g*Og+o, oh, ow] = -sum_{c,i,j} |x[n, g*Cg+c, oh*SH-PH+i*DH, ow*SW-PW+j*DW] - w[g, i, j, c, o]|
-        # w is pre-permuted to [G, KH, KW, Cg, Ogp], Ogp = Og padded to a multiple of _PAD.
+        # w is pre-permuted to [G, KH, KW, Cg, Ogp] in fp32, Ogp = Og padded to a multiple of _PAD.
         BM: tl.constexpr = RM * TM
         BN: tl.constexpr = RN * TN
         pid_m = tl.program_id(0)
@@ -307,7 +307,8 @@ def forward(x, w, stride, padding, dilation, groups, config=None):
     _check_grid(groups)
     if Cg == 0:
         return y.zero_()
-    wt = _pad_last(w.reshape(groups, Og, Cg, KH, KW).permute(0, 3, 4, 2, 1))  # [G, KH, KW, Cg, Ogp]
+    # [G, KH, KW, Cg, Ogp] in fp32 (exact, and small): fp16/bf16 inputs convert only x in the loop
+    wt = _pad_last(w.float().reshape(groups, Og, Cg, KH, KW).permute(0, 3, 4, 2, 1))
     grid = lambda m: (triton.cdiv(M, m["RM"] * m["TM"]), triton.cdiv(Og, m["RN"] * m["TN"]), groups)
     args = (x, wt, y, M, H, W, Ho, Wo, Cg, Og, wt.shape[-1], *x.stride(), *y.stride())
     meta = dict(KH=KH, KW=KW, SH=stride[0], SW=stride[1], PH=padding[0], PW=padding[1], DH=dilation[0], DW=dilation[1])
