@@ -180,7 +180,7 @@ def train_step_bench(batch, warmup, reps):
         step()
         torch.cuda.synchronize()
         res[layer] = dict(ms=ms, peak_mb=torch.cuda.max_memory_allocated() / 2 ** 20)
-        del model, opt
+        model = opt = None  # free this model before the next one is built
         torch.cuda.empty_cache()
     res["time_ratio"] = res["adder"]["ms"] / res["conv"]["ms"]
     res["mem_ratio"] = res["adder"]["peak_mb"] / res["conv"]["peak_mb"]
@@ -216,10 +216,11 @@ def main():
     env = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                gpu=props.name, sms=props.multi_processor_count, sm_clock_mhz=mhz, clock_source=clock_src,
                fp32_peak_tflops=peak_ops / 1e12, torch=torch.__version__, triton=triton.__version__,
-               cuda=torch.version.cuda, tf32=False)
+               cuda=torch.version.cuda, tf32=False, lanes_first=tk.LANES_FIRST)
     print(f"# {env['gpu']}: {env['sms']} SMs x 128 FP32 lanes x 2 x {mhz:.0f} MHz ({clock_src}) = "
           f"{env['fp32_peak_tflops']:.1f} TFLOP/s FP32 peak; adder issue bound = half (2 instr/position)")
-    print(f"# torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']}, TF32 off, cudnn.benchmark on")
+    print(f"# torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']} (lanes-first tile order: "
+          f"{env['lanes_first']}), TF32 off, cudnn.benchmark on")
 
     warmup, reps = (2, 5) if a.quick else (3, 15)
     shapes = RESNET20[:2] + RESNET50[:2] if a.quick else RESNET20 + RESNET50
