@@ -103,10 +103,9 @@ def tile_stats(spec, dtype=torch.float32, arch=90, keep=lambda tile: True):
     rows = []
     for kernel, args, meta in captured_launches(spec, dtype):
         kname = "fwd" if kernel is tk._fwd_kernel else "dgrad"
+        sig, const, attrs = specialise(kernel, args, meta)
         for rm, rn, tm, tn, nw in filter(keep, tk._FWD_CONFIGS if kname == "fwd" else tk._DGRAD_CONFIGS):
-            sig, const, attrs = specialise(kernel, args, meta)
-            const.update(tk._tile(rm, rn, tm, tn))
-            src = ASTSource(fn=kernel, signature=sig, constexprs=const, attrs=attrs)
+            src = ASTSource(fn=kernel, signature=sig, constexprs={**const, **tk._tile(rm, rn, tm, tn)}, attrs=attrs)
             c = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=nw, num_stages=1))
             ttgir = c.asm["ttgir"]
             rows.append(dict(sass_stats(c.asm["cubin"]), kernel=kname, layer=spec[0], tile=(rm, rn, tm, tn, nw),
