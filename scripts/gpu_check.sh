@@ -31,9 +31,9 @@ from addernet.ops.kernels import triton as tk
 print("addernet triton kernels available:", tk.available())
 PYEOF
 
-echo "=== [2/3] CUDA correctness tests and this triton's sm_90 code check (pytest -k 'cuda or sm90'; timeout 240 s)"
+echo "=== [2/3] CUDA correctness tests and this triton's sm_90 code check (pytest -m 'cuda or codegen'; timeout 240 s)"
 TEST_RC=0
-timeout 240 $PY -m pytest -q -p no:cacheprovider -k "cuda or sm90" tests/test_triton.py tests/test_adder2d.py 2>&1 \
+timeout 240 $PY -m pytest -q -p no:cacheprovider -m "cuda or codegen" tests 2>&1 \
     | log pytest.txt || TEST_RC=${PIPESTATUS[0]}
 echo "pytest exit code: $TEST_RC ($(( $(date +%s) - T0 )) s elapsed)"
 

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from addernet import Adder2d
 from addernet.engine import ConfigError, check_config, model_from_config
-from conftest import REPO, compose
+from helpers import REPO, compose
 
 PRESETS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
 DATA_KEYS = {"name", "root", "num_classes", "image_size", "in_channels", "batch_size", "num_workers", "download",
