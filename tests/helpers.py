@@ -100,3 +100,40 @@ def metrics_without_timing(path):
     timing = {"epoch_seconds", "images_per_s", "val_images_per_s"}
     return [{k: v for k, v in json.loads(line).items() if k not in timing}
             for line in Path(path).read_text().splitlines()]
+
+
+# ---------------------------------------------------------------- test-only training tasks (task.name=helpers.X)
+import torch  # noqa: E402
+
+from addernet.tasks import ClassificationTask  # noqa: E402
+
+
+class L2PenaltyTask(ClassificationTask):
+    """Cross-entropy plus ``task.weight`` * (sum of squared model weights), reported as parts ``ce`` and ``l2``."""
+
+    def forward(self, images, target):
+        out = super().forward(images, target)
+        l2 = sum((p.float() ** 2).sum() for p in self.model.parameters())
+        weight = float(self.cfg.get("weight", 1e-3))
+        return {"loss": out["loss"] + weight * l2, "output": out["output"], "ce": out["loss"].detach(),
+                "l2": (weight * l2).detach()}
+
+
+class AuxHeadTask(ClassificationTask):
+    """Cross-entropy plus a trained auxiliary linear head on the logits: a task that owns a trainable module."""
+
+    trainable = ("head",)
+
+    def __init__(self, model, cfg, full_cfg=None):
+        super().__init__(model, cfg, full_cfg)
+        classes = int(full_cfg.data.num_classes)
+        torch.manual_seed(1234)
+        self.head = torch.nn.Linear(classes, classes)
+
+    def extra_modules(self):
+        return {"head": self.head}
+
+    def forward(self, images, target):
+        out = super().forward(images, target)
+        aux = torch.nn.functional.cross_entropy(self.extra_net("head")(out["output"]), target)
+        return {"loss": out["loss"] + aux, "output": out["output"], "aux": aux.detach()}
