@@ -12,16 +12,15 @@ import hashlib
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from addernet.checkpoint import FORMAT_VERSION, CheckpointError, load_checkpoint, save_checkpoint
 from addernet.checkpoint.official import is_official, load_official, official_to_ours
 from addernet.engine import ConfigError, model_from_config
-from addernet.engine.trainer import FORMAT_VERSION
 from addernet.models import MODELS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Default data config per model family (the official files: ResNet-20 on CIFAR-10, ResNet-50 on ImageNet).
 DATASETS = {"CIFAR": "cifar10", "MNIST": "mnist", "ImageNet": "imagenet"}
