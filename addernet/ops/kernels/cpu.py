@@ -92,7 +92,8 @@ def forward(x, w, stride, padding, dilation, groups):
     vl = _lib().adder_vbytes() // xk.element_size()
     G, Cg, Og, kh, kw, ho, wo, opad = s[4], s[5], s[6], s[7], s[8], s[15], s[16], s[18]
     K = Cg * kh * kw
-    wt = wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 3, 4, 2, 1).reshape(G, K, Og)
+    # negated: the kernel computes x - w as fma(x, 1, -w) (same rounding, other pipes; adder_cpu.c)
+    wt = wk.detach().neg().reshape(G, Og, Cg, kh, kw).permute(0, 3, 4, 2, 1).reshape(G, K, Og)
     wt = F.pad(wt, (0, opad - Og))
     full = opad // (2 * vl) * (2 * vl)  # blocks of 2*vl output channels, [K][block] each; see adder_cpu.c
     blocks = wt[..., :full].reshape(G, K, full // (2 * vl), 2 * vl).transpose(1, 2)
