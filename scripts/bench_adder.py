@@ -6,13 +6,24 @@ prints the median fwd+bwd wall time and the peak extra memory of: Adder2d fast, 
 ratios fast/conv and reference/fast. Methods are timed in interleaved rounds so machine load hits
 them alike; ± is half the interquartile range over the median. "fast/conv CPU time" compares
 process CPU time instead of wall time: with --threads 1 it is the robust figure on a loaded
-machine (with more threads it also counts OpenMP spin-waiting).
+machine (with more threads it also counts OpenMP spin-waiting); the whole-step section prints
+both as well.
 
 Peak memory is the rise of the process's peak resident set (VmHWM, reset through
 /proc/self/clear_refs) over one fwd+bwd, with glibc's mmap threshold pinned so freed tensors go
 back to the OS; it counts everything (PyTorch tensors, kernel scratch, library workspaces).
 
+The whole-step section times one ResNet-20 training step (forward, backward, adaptive LR, SGD)
+of the AdderNet and its CNN twin at batch 64 and 128, each measurement in a fresh subprocess (a
+big allocation of one side, e.g. the reference kernel's, once slowed the other 3x in-process),
+the two sides interleaved A B A B over --step-rounds rounds. The train.py section runs
+`python train.py data=fake ... trainer.epochs=1` (FakeData, default loader settings) for both
+twins, interleaved over --train-rounds rounds, and reads images_per_s from metrics.jsonl. Both
+print the median ratio, its spread (min-max over rounds) and the load average before and after,
+with a warning when the machine was busy (others' load makes every figure noisy).
+
     python scripts/bench_adder.py [--quick] [--json PATH] [--repeats N] [--threads N]
+                                  [--no-layers] [--step-rounds N] [--train-rounds N] [--train-size N]
 """
 import argparse
 import ctypes
@@ -22,14 +33,17 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 from addernet import AdaptiveLR, Adder2d  # noqa: E402
 from addernet.models import build_model  # noqa: E402
 
@@ -137,27 +151,92 @@ def bench(shapes, repeats, ref_limit_gb, ref_repeats):
     return rows
 
 
-def model_step(batch, repeats):
+def model_step(batch, repeats, layers=("adder", "conv")):
     """Median ms of one whole ResNet-20 training step (forward, backward, adaptive LR, SGD step),
     AdderNet on the fast backend vs its CNN twin, on CIFAR-sized input."""
     os.environ["ADDERNET_BACKEND"] = "fast"
     torch.manual_seed(0)
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
     out = {}
-    for layer in ("adder", "conv"):
+    for layer in layers:
         model = build_model("resnet20", layer).train()
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
         if layer == "adder":
             AdaptiveLR(model, 0.2).attach(opt)
-        times = []
+        times, cpu = [], []
         for r in range(repeats + 2):  # two warm-up steps
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             opt.zero_grad(set_to_none=True)
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
             times.append((time.perf_counter() - t) * 1e3)
+            cpu.append((time.process_time() - c) * 1e3)
         out[layer] = statistics.median(times[2:])
+        out[layer + "_cpu"] = statistics.median(cpu[2:])
     return out
+
+
+def _child_env():
+    return {**os.environ, "PYTHONPATH": str(ROOT), "ADDERNET_BACKEND": "fast"}
+
+
+def _busy(load_before, load_after):
+    """Others were running: the 1-minute load was already high before we started, or far above
+    what this benchmark alone adds (about one process) afterwards."""
+    n = os.cpu_count() or 1
+    return load_before[0] > 0.5 * n or load_after[0] > 1.5 * n
+
+
+def _summary(label, a, b, unit, lower_is_better):
+    """Median and min-max of the per-round ratios a/b (time) or b/a (throughput) as AdderNet/CNN."""
+    ratios = [x / y if lower_is_better else y / x for x, y in zip(a, b)]
+    return {"label": label, "adder": statistics.median(a), "conv": statistics.median(b), "unit": unit,
+            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+            "rounds": len(ratios), "adder_all": a, "conv_all": b}
+
+
+def _print_summary(r, what):
+    print(f"# {r['label']}: AdderNet {r['adder']:.1f} {r['unit']}, CNN twin {r['conv']:.1f} {r['unit']}, "
+          f"{what} {r['ratio']:.2f} (rounds {r['rounds']}, range {r['ratio_min']:.2f}-{r['ratio_max']:.2f})",
+          flush=True)
+
+
+def step_ratio(batch, rounds, repeats, threads):
+    """Whole-step ms of both twins, each in a fresh subprocess, interleaved A B A B."""
+    times = {"adder": [], "conv": []}
+    cpu = {"adder": [], "conv": []}
+    for _ in range(rounds):
+        for layer in ("adder", "conv"):
+            cmd = [sys.executable, __file__, "--child-step", layer, "--batch", str(batch), "--repeats", str(repeats)]
+            if threads:
+                cmd += ["--threads", str(threads)]
+            out = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), cwd=ROOT)
+            if out.returncode:
+                sys.exit(f"whole-step child ({layer}, batch {batch}) failed:\n{out.stderr[-2000:]}")
+            res = json.loads(out.stdout.strip().splitlines()[-1])
+            times[layer].append(res["ms"])
+            cpu[layer].append(res["cpu_ms"])
+    return (_summary(f"whole ResNet-20 training step, batch {batch}, wall ms", times["adder"], times["conv"], "ms", True),
+            _summary(f"whole ResNet-20 training step, batch {batch}, process CPU ms", cpu["adder"], cpu["conv"], "ms",
+                     True))
+
+
+def train_ratio(rounds, train_size, batch):
+    """images/s of `python train.py data=fake` for both twins, interleaved A B A B."""
+    ips = {"adder": [], "conv": []}
+    with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
+        for r in range(rounds):
+            for layer in ("adder", "conv"):
+                run = Path(tmp) / f"{layer}{r}"
+                cmd = [sys.executable, str(ROOT / "train.py"), "data=fake", f"data.train_size={train_size}",
+                       f"data.batch_size={batch}", "trainer.epochs=1", f"model.layer={layer}", f"hydra.run.dir={run}"]
+                out = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), cwd=ROOT)
+                metrics = run / "metrics.jsonl"
+                if out.returncode or not metrics.exists():
+                    sys.exit(f"{' '.join(cmd)} failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
+                ips[layer].append(json.loads(metrics.read_text().splitlines()[-1])["images_per_s"])
+    return _summary(f"train.py data=fake data.train_size={train_size} data.batch_size={batch} trainer.epochs=1, "
+                    "images/s", ips["adder"], ips["conv"], "images/s", False)
 
 
 HEADER = ("| shape | batch | fast ms | reference ms | conv ms | fast/conv | ref/fast | fast/conv CPU time "
@@ -184,7 +263,19 @@ def main():
     ap.add_argument("--ref-repeats", type=int, default=3, help="timed rounds of the slow reference")
     ap.add_argument("--ref-limit-gb", type=float, default=4.0,
                     help="skip the reference where its estimated peak memory exceeds this")
+    ap.add_argument("--no-layers", action="store_true", help="skip the per-layer table")
+    ap.add_argument("--step-rounds", type=int, default=5, help="interleaved rounds of the whole-step timing (0: skip)")
+    ap.add_argument("--train-rounds", type=int, default=3, help="interleaved rounds of train.py (0: skip)")
+    ap.add_argument("--train-size", type=int, default=2560, help="FakeData images per train.py epoch")
+    ap.add_argument("--child-step", choices=("adder", "conv"), help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=64, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child_step:  # one side of the whole-step timing, in this fresh process
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        step = model_step(args.batch, args.repeats or 5, (args.child_step,))
+        print(json.dumps({"ms": step[args.child_step], "cpu_ms": step[args.child_step + "_cpu"]}))
+        return
     shapes = [RESNET20[0], RESNET20[4], RESNET20[5]] if args.quick else RESNET20 + RESNET50
     repeats = args.repeats or (5 if args.quick else 15)
     if args.threads:
@@ -197,20 +288,34 @@ def main():
           f"loadavg {meta['load_before'][0]:.1f}")
     print("# times: median fwd+bwd wall ms (± half the interquartile range); memory: peak RSS rise, MiB")
     print(HEADER)
-    rows = bench(shapes, repeats, args.ref_limit_gb, min(args.ref_repeats, repeats))
-    step = model_step(64, repeats)
-    meta["resnet20_step_ms"] = step
-    print(f"# whole ResNet-20 training step, batch 64 (forward, backward, SGD step; adaptive LR on the "
-          f"AdderNet): AdderNet {step['adder']:.1f} ms, CNN twin {step['conv']:.1f} ms, "
-          f"ratio {step['adder'] / step['conv']:.2f}")
+    rows = [] if args.no_layers else bench(shapes, repeats, args.ref_limit_gb, min(args.ref_repeats, repeats))
+    summaries = []
+    for batch in (64, 128) if args.step_rounds else ():
+        for r in step_ratio(batch, args.step_rounds, 5 if args.quick else 10, args.threads):
+            summaries.append(r)
+            _print_summary(r, "ratio (target <= 1.3)")
+    if args.train_rounds:
+        summaries.append(train_ratio(args.train_rounds, args.train_size, 128))
+        _print_summary(summaries[-1], "CNN/AdderNet throughput ratio (target <= 1.3)")
+    meta["whole_step"] = summaries
     meta["load_after"] = os.getloadavg()
+    meta["busy"] = _busy(meta["load_before"], meta["load_after"])
+    print(f"# loadavg before {meta['load_before'][0]:.2f}, after {meta['load_after'][0]:.2f} (1 min)")
+    if meta["busy"]:
+        print(f"# WARNING: the machine was busy (loadavg {meta['load_before'][0]:.1f} before, "
+              f"{meta['load_after'][0]:.1f} after, {os.cpu_count()} CPUs): other processes shared the cores, "
+              "so these times are inflated and noisy; the interleaved ratios are the figures to trust", flush=True)
     r20 = [r for r in rows if r["shape"].startswith("r20")]
     refs = [r["reference_over_fast"] for r in rows if r["reference_over_fast"]]
-    print(f"# ResNet-20 worst fast/conv time {max(r['fast_over_conv'] for r in r20):.2f} (target <= 3; "
-          f"CPU time {max(r['fast_over_conv_cpu'] for r in r20):.2f}), "
-          f"worst fast/conv memory {max(r['fast_over_conv_mem'] for r in r20):.2f} (target <= 2), "
-          f"min reference/fast {min(refs) if refs else float('nan'):.0f} (target >= 50); "
-          f"loadavg after {meta['load_after'][0]:.1f}")
+    if r20:
+        print(f"# ResNet-20 worst fast/conv time {max(r['fast_over_conv'] for r in r20):.2f} (target <= 3; "
+              f"CPU time {max(r['fast_over_conv_cpu'] for r in r20):.2f}), "
+              f"worst fast/conv memory {max(r['fast_over_conv_mem'] for r in r20):.2f} (target <= 2), "
+              f"min reference/fast {min(refs) if refs else float('nan'):.0f} (target >= 50)")
+    r50 = [r for r in rows if r["shape"].startswith("r50")]
+    if r50:
+        print(f"# ResNet-50 worst fast/conv time {max(r['fast_over_conv'] for r in r50):.2f} (target <= 2.0; "
+              f"CPU time {max(r['fast_over_conv_cpu'] for r in r50):.2f})")
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         print(f"# wrote {args.json}")

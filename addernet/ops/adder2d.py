@@ -16,7 +16,8 @@ Every kernel module provides
 with stride/padding/dilation int 2-tuples. The weight gradient is shared by all backends through
     sum g*(X - W) = conv2d weight-gradient(X, g) - W * sum_{n,y,x} g,
 exact because zero padding counts as X = 0. fast and eager are torch.library custom ops, so
-torch.compile treats them as opaque calls.
+torch.compile treats them as opaque calls. Argument checks, output size and compute dtype are
+shared by all of them (conv_args.py); the backend table is BACKENDS below.
 """
 import functools
 import os
@@ -26,18 +27,9 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.utils import _pair
 
+from .conv_args import check_args, check_inputs, compute_dtype, out_hw, padding_arg
 from .kernels import eager
 from .reference import adder2d_reference
-
-BACKENDS = ("fast", "eager", "reference")
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _backend():
-    name = os.environ.get("ADDERNET_BACKEND", "fast").strip().lower() or "fast"
-    if name not in BACKENDS:
-        raise ValueError(f"ADDERNET_BACKEND={name!r} is not a backend; use one of {', '.join(BACKENDS)}")
-    return name
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,19 +60,14 @@ def _cuda_kernels():
     return eager
 
 
+# backend "fast": the kernel module per device type (loaded on first use); other devices run eager
+_FAST_KERNELS = {"cpu": _cpu_kernels, "cuda": _cuda_kernels}
+
+
 def _kernels(device, backend):
-    if backend == "eager":
-        return eager
-    if device.type == "cpu":
-        return _cpu_kernels()
-    if device.type == "cuda":
-        return _cuda_kernels()
-    return eager
-
-
-def _out_hw(x, w, stride, padding, dilation):
-    return tuple((x.shape[2 + i] + 2 * padding[i] - dilation[i] * (w.shape[2 + i] - 1) - 1) // stride[i] + 1
-                 for i in range(2))
+    """The kernel module for `backend` ("fast" or "eager") on `device`."""
+    loader = _FAST_KERNELS.get(device.type) if backend == "fast" else None
+    return loader() if loader else eager
 
 
 @torch.library.custom_op("addernet::adder2d_forward", mutates_args=())
@@ -92,7 +79,7 @@ def _forward_op(x: torch.Tensor, weight: torch.Tensor, stride: list[int], paddin
 
 @_forward_op.register_fake
 def _(x, weight, stride, padding, dilation, groups, backend):
-    return x.new_empty((x.shape[0], weight.shape[0], *_out_hw(x, weight, stride, padding, dilation)))
+    return x.new_empty((x.shape[0], weight.shape[0], *out_hw(x.shape, weight.shape, stride, padding, dilation)))
 
 
 @torch.library.custom_op("addernet::adder2d_grad_input", mutates_args=())
@@ -110,7 +97,7 @@ def _(x, weight, grad_out, stride, padding, dilation, groups, backend):
 
 def grad_weight(x, weight, grad_out, stride, padding, dilation, groups):
     """dL/dW = sum g*(X - W) = conv weight-gradient(X, g) - W * sum_{n,y,x} g (fp32 for half inputs)."""
-    dt = torch.float32 if x.dtype in _HALF else x.dtype
+    dt = compute_dtype(x.dtype)
     x, w, g = x.to(dt), weight.to(dt), grad_out.to(dt)
     gw = torch.ops.aten.convolution_backward(g, x, w, None, list(stride), list(padding), list(dilation),
                                              False, [0, 0], groups, [False, True, False])[1]
@@ -137,67 +124,36 @@ def _backward(ctx, grad_out):
 _forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _padding_arg(padding):
-    if isinstance(padding, str):
-        if padding == "valid":
-            return (0, 0)
-        raise ValueError(f"Adder2d does not support padding={padding!r}; pass explicit integer padding "
-                         "(e.g. padding=k // 2 for an odd kernel size k with stride 1)")
-    return _pair(padding)
+def _custom_op(backend):
+    def run(x, weight, stride, padding, dilation, groups):
+        return _forward_op(x, weight, list(stride), list(padding), list(dilation), groups, backend)
+
+    return run
 
 
-def _check_args(**pairs):
-    """Each pair must hold ints >= 0 (padding) or >= 1 (the rest)."""
-    for name, v in pairs.items():
-        low = 0 if name == "padding" else 1
-        if len(v) != 2 or not all(isinstance(e, int) and e >= low for e in v):
-            raise ValueError(f"Adder2d {name} must be an int >= {low} or a pair of them, got {v}")
+# ADDERNET_BACKEND name -> y = -sum|x - w| (no bias), differentiable; the rule picking one is _backend()
+BACKENDS = {"fast": _custom_op("fast"), "eager": _custom_op("eager"), "reference": adder2d_reference}
 
 
-def _check_inputs(x, weight, bias, stride, padding, dilation, groups):
-    """Errors as clear as nn.Conv2d's, raised before any kernel runs."""
-    if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"adder2d expects a 4-D input (N, C, H, W), got {shape}; "
-                         "for a single image use x.unsqueeze(0)")
-    if weight.dim() != 4:
-        raise ValueError(f"adder2d expects a 4-D weight (out, in/groups, kh, kw), got {tuple(weight.shape)}")
-    if not x.is_floating_point() or x.dtype != weight.dtype:
-        raise TypeError(f"adder2d needs floating-point input and weight of the same dtype, got input "
-                        f"{x.dtype} and weight {weight.dtype} (use autocast or .to() to match them)")
-    if x.device != weight.device:
-        raise ValueError(f"adder2d input is on {x.device} but weight is on {weight.device}")
-    if not isinstance(groups, int) or groups < 1 or weight.shape[0] % groups:
-        raise ValueError(f"adder2d groups={groups} must be a positive int dividing out_channels={weight.shape[0]}")
-    if x.shape[1] != weight.shape[1] * groups:
-        raise ValueError(f"adder2d expected input with {weight.shape[1] * groups} channels (weight "
-                         f"{tuple(weight.shape)} with groups={groups}), but got input of shape {tuple(x.shape)}")
-    for i, axis in enumerate(("height", "width")):
-        eff = dilation[i] * (weight.shape[2 + i] - 1) + 1
-        if x.shape[2 + i] + 2 * padding[i] < eff:
-            raise ValueError(f"adder2d padded input {axis} {x.shape[2 + i]} + 2*{padding[i]} is smaller than the "
-                             f"effective kernel {axis} {eff} (kernel {weight.shape[2 + i]}, dilation "
-                             f"{dilation[i]}); use a smaller kernel, more padding or a larger input")
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"adder2d bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+def _backend():
+    name = os.environ.get("ADDERNET_BACKEND", "fast").strip().lower() or "fast"
+    if name not in BACKENDS:
+        raise ValueError(f"ADDERNET_BACKEND={name!r} is not a backend; use one of {', '.join(BACKENDS)}")
+    return name
 
 
 def adder2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """Functional adder convolution; same argument forms as torch.nn.functional.conv2d (no string
     padding other than 'valid'). Under autocast input, weight and bias are cast to the autocast
     dtype; float16/bfloat16 are accumulated in float32 by the fast and eager backends."""
-    stride, padding, dilation = _pair(stride), _padding_arg(padding), _pair(dilation)
-    _check_args(stride=stride, padding=padding, dilation=dilation)
+    stride, padding, dilation = _pair(stride), padding_arg(padding), _pair(dilation)
+    check_args(stride=stride, padding=padding, dilation=dilation)
     if isinstance(input, torch.Tensor) and input.device.type != "meta" and torch.is_autocast_enabled(input.device.type):
         dt = torch.get_autocast_dtype(input.device.type)
         input, weight = input.to(dt), weight.to(dt)
         bias = None if bias is None else bias.to(dt)
-    _check_inputs(input, weight, bias, stride, padding, dilation, groups)
-    backend = _backend()
-    if backend == "reference":
-        y = adder2d_reference(input, weight, stride, padding, dilation, groups)
-    else:
-        y = _forward_op(input, weight, list(stride), list(padding), list(dilation), groups, backend)
+    check_inputs(input, weight, stride, padding, dilation, groups, bias)
+    y = BACKENDS[_backend()](input, weight, stride, padding, dilation, groups)
     return y if bias is None else y + bias.view(1, -1, 1, 1)
 
 
@@ -221,9 +177,9 @@ class Adder2d(nn.Module):
             raise ValueError(f"Adder2d out_channels={out_channels} must be divisible by groups={groups}")
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
-        self.padding, self.dilation = _padding_arg(padding), _pair(dilation)
-        _check_args(kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
-                    dilation=self.dilation)
+        self.padding, self.dilation = padding_arg(padding), _pair(dilation)
+        check_args(kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
+                   dilation=self.dilation)
         self.padding_mode = padding_mode
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size, **factory))

@@ -6,19 +6,14 @@ it exists as the ground truth for tests and benchmarks, not as the default path.
 import torch
 import torch.nn.functional as F
 
+from .conv_args import out_hw
+
 
 def _cols(x, weight, stride, padding, dilation, groups):
     """Unfold x into (N, G, K, L) columns, K = Cin/G*kh*kw; zero padding counts as input 0."""
     n = x.shape[0]
     cols = F.unfold(x, weight.shape[-2:], dilation=dilation, padding=padding, stride=stride)
     return cols.view(n, groups, cols.shape[1] // groups, cols.shape[-1])
-
-
-def _out_hw(x, weight, stride, padding, dilation):
-    return tuple(
-        (x.shape[2 + i] + 2 * padding[i] - dilation[i] * (weight.shape[2 + i] - 1) - 1) // stride[i] + 1
-        for i in range(2)
-    )
 
 
 class ReferenceAdder2dFunction(torch.autograd.Function):
@@ -32,7 +27,7 @@ class ReferenceAdder2dFunction(torch.autograd.Function):
         y = -diff.abs().sum(3)  # N,G,Og,L
         ctx.save_for_backward(x, weight)
         ctx.conf = (stride, padding, dilation, groups)
-        return y.reshape(x.shape[0], weight.shape[0], *_out_hw(x, weight, stride, padding, dilation))
+        return y.reshape(x.shape[0], weight.shape[0], *out_hw(x.shape, weight.shape, stride, padding, dilation))
 
     @staticmethod
     def backward(ctx, grad_out):

@@ -15,6 +15,21 @@ typedef IT FN(ivec_t) __attribute__((vector_size(VBYTES)));
 #define VMAX(a, b) ((VEC)((((IVEC)((a) > (b))) & (IVEC)(a)) | (~((IVEC)((a) > (b))) & (IVEC)(b))))
 #endif
 
+#ifdef VFMA /* a + nb (nb = -b) as fma(a, one, nb): same rounding, on the FMA pipes; see adder_cpu.c */
+#define VSUBN(a, nb, one) VFMA(a, one, nb)
+#else
+#define VSUBN(a, nb, one) ((a) + (nb))
+#endif
+
+/* (VEC) 1 hidden from the optimiser, which would otherwise fold fma(a, 1, b) back into a + b. */
+static inline VEC FN(opaque_one)(void) {
+    VEC one = (VEC){0} + 1;
+#ifdef VFMA
+    __asm__("" : "+v"(one));
+#endif
+    return one;
+}
+
 static inline VEC FN(ld)(const T *p) { VEC v; memcpy(&v, p, sizeof v); return v; }
 static inline void FN(st)(T *p, VEC v) { memcpy(p, &v, sizeof v); }
 static inline VEC FN(vabs)(VEC v) {
@@ -57,9 +72,9 @@ static int64_t *FN(pixel_offsets)(const int64_t *s, const int64_t *ts, int P) {
     return xo;
 }
 
-/* Forward micro-kernel: acc[p][v] = sum_{i,j,c} |x - w| for P pixels x V*VL output channels.
- * The abs-difference is accumulated directly (sub, abs, add): the cheaper rewrite
- * 2 max(x, w) - x - w cancels large sums and loses ~10x float32 accuracy. */
+/* Forward micro-kernel: acc[p][v] = sum_{i,j,c} |x - w| for P pixels x V*VL output channels,
+ * from the negated weights nw = -w. The abs-difference is accumulated directly (sub, abs, add):
+ * the cheaper rewrite 2 max(x, w) - x - w cancels large sums and loses ~10x float32 accuracy. */
 static inline __attribute__((always_inline)) void FN(fwd_tile)(
     const T *buf, const int64_t *off, const T *wt, const int64_t *s, int64_t ob, VEC (*out)[2],
     const int P, const int V) {
@@ -67,6 +82,7 @@ static inline __attribute__((always_inline)) void FN(fwd_tile)(
     const int64_t Wp = s[3] + 2 * s[12], Ct = s[4] * s[17];
     const int64_t di = s[13] * Wp * Ct, dj = s[14] * Ct;
     VEC acc[FWD_P1][2];
+    const VEC one = FN(opaque_one)();
 #pragma GCC unroll 32
     for (int p = 0; p < P; p++)
 #pragma GCC unroll 2
@@ -92,7 +108,7 @@ static inline __attribute__((always_inline)) void FN(fwd_tile)(
                     for (int p = 0; p < P; p++) {
                         const VEC xv = xb[off[p] + c] - (VEC){0}; /* broadcast (x - 0 folds away) */
 #pragma GCC unroll 2
-                        for (int v = 0; v < V; v++) acc[p][v] += FN(vabs)(xv - wv[v]);
+                        for (int v = 0; v < V; v++) acc[p][v] += FN(vabs)(VSUBN(xv, wv[v], one));
                     }
                 }
 #pragma GCC unroll 32
@@ -113,7 +129,7 @@ static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *t
     }
 }
 
-/* y[n0:n1, :, pixels q0:q1] = -sum |xpad - w|. wt is the weight packed per group as blocks of
+/* y[n0:n1, :, pixels q0:q1] = -sum |xpad - w|. wt is the NEGATED weight -w packed per group as blocks of
  * 2*VL output channels (the last block VL wide when Opad is an odd multiple of VL), each block
  * [kh][kw][Cg][block width] and starting at element ob*K of the group (zero in Og..Opad-1);
  * y is written through strides ys. Returns 0, or 1 when scratch memory cannot be allocated. */
@@ -156,18 +172,18 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
  * clamp(w, x - 1, x + 1) - x cancels against x * sum_o g and loses float32 accuracy. */
 static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, const T *wb,
                          const T *gt, int64_t Og) {
-    VEC xv[GIN_P], acc[GIN_P];
-    const VEC one = (VEC){0} + 1, mone = (VEC){0} - 1;
+    VEC nx[GIN_P], acc[GIN_P];
+    const VEC one = (VEC){0} + 1, mone = (VEC){0} - 1, one_h = FN(opaque_one)();
 #pragma GCC unroll 32
     for (int p = 0; p < GIN_P; p++) {
-        xv[p] = FN(ld)(xb + off[p]);
+        nx[p] = -FN(ld)(xb + off[p]);
         acc[p] = (VEC){0};
     }
     for (int64_t o = 0; o < Og; o++) {
         const VEC wv = FN(ld)(wb + o * VL);
         const T *go = gt + o * GIN_P;
 #pragma GCC unroll 32
-        for (int p = 0; p < GIN_P; p++) acc[p] += go[p] * VMIN(VMAX(wv - xv[p], mone), one);
+        for (int p = 0; p < GIN_P; p++) acc[p] += go[p] * VMIN(VMAX(VSUBN(wv, nx[p], one_h), mone), one);
     }
     for (int64_t p = 0; p < n; p++) FN(st)(gb + off[p], FN(ld)(gb + off[p]) + acc[p]);
 }
@@ -245,3 +261,4 @@ int FN(adder_grad_input_ranges)(const T *x, const int64_t *xs, const T *w2, cons
 
 #undef VEC
 #undef IVEC
+#undef VSUBN

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.nn.functional as F
 
+from ..conv_args import compute_dtype, out_hw
 from .build import load_library
 
 _KERNEL_DTYPES = {torch.float32: "_f", torch.float64: "_d"}
@@ -70,8 +71,7 @@ def _arr(values):
 def _shape(x, w, stride, padding, dilation, groups, cpad):
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
-    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    ho, wo = out_hw(x.shape, w.shape, stride, padding, dilation)
     vl = _lib().adder_vbytes() // x.element_size()
     og = o // groups
     cgp = -(-cg // vl) * vl if cpad else cg
@@ -84,19 +84,16 @@ def _splits(total, parts):
     return [(a, min(a + step, total)) for a in range(0, total, step)]
 
 
-def _compute_dtype(t):
-    return t.dtype if t.dtype in _KERNEL_DTYPES else torch.float32
-
-
 def forward(x, w, stride, padding, dilation, groups):
     """y = -sum|x - w| (no bias), shape (N, Cout, Ho, Wo), contiguous."""
-    dt = _compute_dtype(x)
+    dt = compute_dtype(x.dtype)
     xk, wk = x.to(dt), w.to(dt)
     s = _shape(xk, wk, stride, padding, dilation, groups, cpad=False)
     vl = _lib().adder_vbytes() // xk.element_size()
     G, Cg, Og, kh, kw, ho, wo, opad = s[4], s[5], s[6], s[7], s[8], s[15], s[16], s[18]
     K = Cg * kh * kw
-    wt = wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 3, 4, 2, 1).reshape(G, K, Og)
+    # negated: the kernel computes x - w as fma(x, 1, -w) (same rounding, other pipes; adder_cpu.c)
+    wt = wk.detach().neg().reshape(G, Og, Cg, kh, kw).permute(0, 3, 4, 2, 1).reshape(G, K, Og)
     wt = F.pad(wt, (0, opad - Og))
     full = opad // (2 * vl) * (2 * vl)  # blocks of 2*vl output channels, [K][block] each; see adder_cpu.c
     blocks = wt[..., :full].reshape(G, K, full // (2 * vl), 2 * vl).transpose(1, 2)
@@ -117,7 +114,7 @@ def forward(x, w, stride, padding, dilation, groups):
 
 def grad_input(x, w, grad_out, stride, padding, dilation, groups):
     """grad_x = sum over the outputs each input touches of g * HardTanh(w - x); contiguous."""
-    dt = _compute_dtype(x)
+    dt = compute_dtype(x.dtype)
     xk, wk, gk = x.to(dt), w.to(dt), grad_out.to(dt)
     s = _shape(xk, wk, stride, padding, dilation, groups, cpad=True)
     G, Cg, Og, kh, kw, cgp = s[4], s[5], s[6], s[7], s[8], s[17]

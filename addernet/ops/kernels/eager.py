@@ -9,14 +9,13 @@ float16/bfloat16 are computed in float32 and cast back.
 import torch
 import torch.nn.functional as F
 
+from ..conv_args import compute_dtype, out_hw
+
 BUDGET = 1 << 23  # elements in the largest temporary: 32 MiB in float32
 
 
 def _geometry(x, w, stride, padding, dilation):
-    kh, kw = w.shape[-2:]
-    ho = (x.shape[2] + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (x.shape[3] + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    return kh, kw, ho, wo
+    return (*w.shape[-2:], *out_hw(x.shape, w.shape, stride, padding, dilation))
 
 
 def _chunks(x, w, stride, dilation, groups, ho, wo):
@@ -34,13 +33,9 @@ def _chunks(x, w, stride, dilation, groups, ho, wo):
                 yield g, oc, n0, min(n0 + nb, n), r0, r1, r0 * stride[0], in_r1
 
 
-def _compute_dtype(t):
-    return torch.float32 if t.dtype in (torch.float16, torch.bfloat16) else t.dtype
-
-
 def forward(x, w, stride, padding, dilation, groups):
     """y = -sum|x - w| (no bias), contiguous, in x's dtype."""
-    dt = _compute_dtype(x)
+    dt = compute_dtype(x.dtype)
     kh, kw, ho, wo = _geometry(x, w, stride, padding, dilation)
     xp = F.pad(x.to(dt), (padding[1], padding[1], padding[0], padding[0]))
     wk = w.to(dt).reshape(groups, w.shape[0] // groups, -1)  # G, Og, K
@@ -58,7 +53,7 @@ def forward(x, w, stride, padding, dilation, groups):
 
 def grad_input(x, w, grad_out, stride, padding, dilation, groups):
     """grad_x = sum over the outputs each input touches of g * HardTanh(w - x); contiguous."""
-    dt = _compute_dtype(x)
+    dt = compute_dtype(x.dtype)
     kh, kw, ho, wo = _geometry(x, w, stride, padding, dilation)
     ph, pw = padding
     xp = F.pad(x.to(dt), (pw, pw, ph, ph))

@@ -34,6 +34,8 @@ from contextlib import nullcontext as _nullcontext
 
 import torch
 
+from ..conv_args import check_grad_out, check_inputs, out_hw
+
 try:
     import triton
     import triton.language as tl
@@ -251,21 +253,11 @@ def _pad_last(t):
     return out
 
 
-def _out_hw(H, W, KH, KW, stride, padding, dilation):
-    return ((H + 2 * padding[0] - dilation[0] * (KH - 1) - 1) // stride[0] + 1,
-            (W + 2 * padding[1] - dilation[1] * (KW - 1) - 1) // stride[1] + 1)
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _check(x, w, groups):
-    if x.dim() != 4 or w.dim() != 4:
-        raise ValueError(f"adder2d triton kernels need 4-D x and w, got {tuple(x.shape)} and {tuple(w.shape)}")
-    if x.dtype != w.dtype or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise TypeError(f"adder2d triton kernels need x and w of one float dtype (fp32/fp16/bf16), "
-                        f"got {x.dtype} and {w.dtype}; cast them first")
-    if x.shape[1] != w.shape[1] * groups or w.shape[0] % groups:
-        raise ValueError(f"channel mismatch: x has {x.shape[1]} channels, w {tuple(w.shape)} with groups={groups}")
-    if x.device != w.device:
-        raise ValueError(f"x is on {x.device} but w on {w.device}")
+def _check(x, w, stride, padding, dilation, groups):
+    check_inputs(x, w, stride, padding, dilation, groups, dtypes=_DTYPES)
     _check_span(x, "x")
 
 
@@ -291,13 +283,11 @@ def forward(x, w, stride, padding, dilation, groups, config=None):
     """y = -sum |x - w| (no bias), fp32 accumulation, returned in x's dtype and memory format.
 
     config: optional tile (RM, RN, TM, TN, warps) overriding the autotuner (tests, benchmarks)."""
-    _check(x, w, groups)
+    _check(x, w, stride, padding, dilation, groups)
     N, C, H, W = x.shape
     O, Cg, KH, KW = w.shape
     Og = O // groups
-    Ho, Wo = _out_hw(H, W, KH, KW, stride, padding, dilation)
-    if Ho <= 0 or Wo <= 0:
-        raise ValueError(f"input {H}x{W} too small for kernel {KH}x{KW} with padding {padding}, dilation {dilation}")
+    Ho, Wo = out_hw(x.shape, w.shape, stride, padding, dilation)
     y = torch.empty((N, O, Ho, Wo), device=x.device, dtype=x.dtype, memory_format=_memory_format(x))
     M = N * Ho * Wo
     if M == 0 or O == 0:
@@ -320,13 +310,12 @@ def forward(x, w, stride, padding, dilation, groups, config=None):
 
 def grad_input(x, w, grad_out, stride, padding, dilation, groups, config=None):
     """dL/dx = sum over the outputs each input touches of g * HardTanh(w - x) (Eq. 7); config as in forward."""
-    _check(x, w, groups)
+    _check(x, w, stride, padding, dilation, groups)
+    check_grad_out(grad_out, x, w, stride, padding, dilation)
     N, C, H, W = x.shape
     O, Cg, KH, KW = w.shape
     Og = O // groups
-    Ho, Wo = _out_hw(H, W, KH, KW, stride, padding, dilation)
-    if tuple(grad_out.shape) != (N, O, Ho, Wo):
-        raise ValueError(f"grad_out has shape {tuple(grad_out.shape)}, expected {(N, O, Ho, Wo)}")
+    Ho, Wo = out_hw(x.shape, w.shape, stride, padding, dilation)
     dx = torch.empty_like(x, memory_format=_memory_format(x))
     if dx.numel() == 0:
         return dx
@@ -338,8 +327,6 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups, config=None):
         raise ValueError(f"{N * Hc * Wc} input pixels per stride class exceed int32; split the batch")
     _check_span(grad_out, "grad_out")
     _check_grid(groups * SH * SW)
-    if grad_out.device != x.device:
-        raise ValueError(f"grad_out is on {grad_out.device} but x on {x.device}")
     grad_out = grad_out.to(x.dtype)
     wp = _pad_last((0.5 * w.float() + 0.5).reshape(groups, Og, Cg, KH, KW).permute(0, 3, 4, 1, 2))  # [G,KH,KW,Og,Cgp]
     grid = lambda m: (triton.cdiv(N * Hc * Wc, m["RM"] * m["TM"]), triton.cdiv(Cg, m["RN"] * m["TN"]), groups * SH * SW)

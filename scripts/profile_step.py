@@ -1,0 +1,155 @@
+"""Where the time of one ResNet-20 training step goes, AdderNet vs its CNN twin (torch.profiler).
+
+Runs warm-up steps, times --steps unprofiled steps (zero_grad, forward, cross-entropy, backward,
+adaptive LR, SGD; process CPU time and wall time), then profiles --steps more, for each twin in its
+own subprocess (so one's allocations cannot slow the other). Prints each category's share of the
+profiled self time, and that share of the step's process CPU time: the adder layers' forward /
+input gradient / weight gradient (the C kernel apart from the weight packing, casts and copies
+around it), convolution, BatchNorm, ReLU, residual adds and gradient accumulation, the adaptive-LR
+hook, the optimizer, everything else. Profiler times are wall time inside each op, so other load
+inflates them; the shares and the 1-thread CPU time are the figures that survive a busy machine.
+
+    python scripts/profile_step.py [--batch 64] [--steps 5] [--threads 1] [--json PATH]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CATEGORIES = ("adder forward: kernel", "adder forward: packing/copies", "adder input-grad: kernel",
+              "adder input-grad: packing/copies", "adder weight-grad", "conv forward", "conv backward",
+              "BatchNorm forward", "BatchNorm backward", "ReLU forward", "ReLU backward",
+              "adds (residual, grad accumulation)", "adaptive-LR hook", "optimizer (SGD)", "other")
+
+
+def _category(ev):
+    """Category of a profiler event from its own name and its ancestors' names."""
+    names, e = [], ev
+    while e is not None:
+        names.append(e.name)
+        e = e.cpu_parent
+    own = names[0]
+    for i, n in enumerate(names):
+        # the custom op's CPU kernel runs as an event named after its autograd wrapper
+        if n == "GeneratedBackwardFor_addernet_adder2d_forward_default":
+            return "adder forward: kernel" if i == 0 else "adder forward: packing/copies"
+        if n == "addernet::adder2d_forward":  # the op's own dispatch time
+            return "adder forward: packing/copies"
+        if n == "addernet::adder2d_grad_input":
+            return "adder input-grad: kernel" if i == 0 else "adder input-grad: packing/copies"
+        if n.endswith("GeneratedBackwardFor_addernet_adder2d_forward_defaultBackward"):
+            return "adder weight-grad"
+        if n == "adaptive_lr":
+            return "adaptive-LR hook"
+        if n.startswith("Optimizer.step"):
+            return "optimizer (SGD)"
+    if own in ("aten::convolution_backward",):
+        return "conv backward"
+    if own in ("aten::mkldnn_convolution", "aten::_convolution", "aten::thnn_conv2d", "aten::_slow_conv2d_forward"):
+        return "conv forward"
+    if own == "aten::native_batch_norm":
+        return "BatchNorm forward"
+    if own == "aten::native_batch_norm_backward":
+        return "BatchNorm backward"
+    if own in ("aten::clamp_min_", "aten::relu_", "aten::relu"):
+        return "ReLU forward"
+    if own == "aten::threshold_backward":
+        return "ReLU backward"
+    if own in ("aten::add", "aten::add_"):
+        return "adds (residual, grad accumulation)"
+    return "other"
+
+
+def profile(layer, batch, steps, threads):
+    import torch
+    import torch.nn as nn
+    from torch.profiler import ProfilerActivity, record_function
+
+    from addernet import AdaptiveLR
+    from addernet.models import build_model
+
+    torch.set_num_threads(threads)
+    os.environ["ADDERNET_BACKEND"] = "fast"
+    torch.manual_seed(0)
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    model = build_model("resnet20", layer).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    if layer == "adder":
+        alr = AdaptiveLR(model, 0.2)
+        scale = alr._scale
+
+        def labelled(*a, **k):
+            with record_function("adaptive_lr"):
+                return scale(*a, **k)
+
+        alr._scale = labelled
+        alr.attach(opt)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    t, c = time.perf_counter(), time.process_time()
+    for _ in range(steps):  # unprofiled: the step's process CPU time, robust to other load
+        step()
+    cpu = (time.process_time() - c) * 1e3 / steps
+    wall = (time.perf_counter() - t) * 1e3 / steps
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    ms = defaultdict(float)
+    for ev in prof.events():
+        ms[_category(ev)] += ev.self_cpu_time_total / 1e3 / steps
+    return {"wall_ms": wall, "cpu_ms": cpu, "self_cpu_ms": dict(ms)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: robust on a busy machine)")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--child", choices=("adder", "conv"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(profile(args.child, args.batch, args.steps, args.threads)))
+        return
+    load_before = os.getloadavg()
+    res = {}
+    for layer in ("adder", "conv"):
+        cmd = [sys.executable, __file__, "--child", layer, "--batch", str(args.batch), "--steps", str(args.steps),
+               "--threads", str(args.threads)]
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        if out.returncode:
+            sys.exit(f"profiling the {layer} twin failed:\n{out.stderr[-2000:]}")
+        res[layer] = json.loads(out.stdout.strip().splitlines()[-1])
+    load_after = os.getloadavg()
+    print(f"# ResNet-20 step, batch {args.batch}, {args.threads} thread(s), {args.steps} profiled steps; "
+          f"loadavg {load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    # profiler times are wall time inside each op, inflated alike by other load; shown as shares of
+    # the profiled total and as those shares of the unprofiled step's process CPU time
+    tot = {k: sum(v["self_cpu_ms"].values()) for k, v in res.items()}
+    print("| category | AdderNet % | AdderNet ms | CNN % | CNN ms |\n|---|---|---|---|---|")
+    for c in CATEGORIES:
+        a, b = res["adder"]["self_cpu_ms"].get(c, 0.0) / tot["adder"], res["conv"]["self_cpu_ms"].get(c, 0.0) / tot["conv"]
+        if a or b:
+            print(f"| {c} | {100 * a:.1f} | {a * res['adder']['cpu_ms']:.1f} | {100 * b:.1f} | {b * res['conv']['cpu_ms']:.1f} |")
+    print(f"| step, process CPU ms | 100 | {res['adder']['cpu_ms']:.1f} | 100 | {res['conv']['cpu_ms']:.1f} |")
+    print(f"| step, wall ms (unprofiled) | | {res['adder']['wall_ms']:.1f} | | {res['conv']['wall_ms']:.1f} |")
+    print(f"# AdderNet/CNN step ratio: {res['adder']['cpu_ms'] / res['conv']['cpu_ms']:.2f} (process CPU time), "
+          f"{res['adder']['wall_ms'] / res['conv']['wall_ms']:.2f} (wall)")
+    if args.json:
+        args.json.write_text(json.dumps({"load_before": load_before, "load_after": load_after, **res}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
