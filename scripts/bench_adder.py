@@ -42,28 +42,15 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from addernet import AdaptiveLR, Adder2d  # noqa: E402
-from addernet.models import build_model  # noqa: E402
+from addernet import AdaptiveLR, Adder2d
+from addernet.analysis.layer_shapes import RESNET20 as R20, with_batch
+from addernet.models import build_model
 
-# (name, batch, in, out, size, kernel, stride, padding)
-RESNET20 = [
-    ("r20 16->16 32x32", 64, 16, 16, 32, 3, 1, 1),
-    ("r20 16->32 32x32 s2", 64, 16, 32, 32, 3, 2, 1),
-    ("r20 32->32 16x16", 64, 32, 32, 16, 3, 1, 1),
-    ("r20 32->64 16x16 s2", 64, 32, 64, 16, 3, 2, 1),
-    ("r20 64->64 8x8", 64, 64, 64, 8, 3, 1, 1),
-    ("r20 1x1 16->32 s2", 64, 16, 32, 32, 1, 2, 0),
-    ("r20 1x1 32->64 s2", 64, 32, 64, 16, 1, 2, 0),
-]
-RESNET50 = [
-    ("r50 64->64 56x56", 8, 64, 64, 56, 3, 1, 1),
-    ("r50 1x1 256->64 56x56", 8, 256, 64, 56, 1, 1, 0),
-    ("r50 128->128 28x28", 8, 128, 128, 28, 3, 1, 1),
-    ("r50 256->256 14x14", 8, 256, 256, 14, 3, 1, 1),
-    ("r50 512->512 7x7", 8, 512, 512, 7, 3, 1, 1),
-]
+ROOT = Path(__file__).resolve().parents[1]
+# (name, batch, in, out, size, kernel, stride, padding): every ResNet-20 shape at batch 64, five ResNet-50 at 8
+RESNET20 = with_batch([row[0] for row in R20], 64)
+RESNET50 = with_batch(["r50 64->64 56x56", "r50 1x1 256->64 56x56", "r50 128->128 28x28", "r50 256->256 14x14",
+                       "r50 512->512 7x7"], 8)
 
 
 def _status(key):

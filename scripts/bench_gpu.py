@@ -25,29 +25,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from addernet.analysis.layer_shapes import RESNET20 as R20, RESNET50 as R50, with_batch
 
-# (name, batch, cin, cout, size, kernel, stride, padding)
-RESNET20 = [
-    ("r20 16->16 32x32", 256, 16, 16, 32, 3, 1, 1),
-    ("r20 16->32 32x32 s2", 256, 16, 32, 32, 3, 2, 1),
-    ("r20 32->32 16x16", 256, 32, 32, 16, 3, 1, 1),
-    ("r20 32->64 16x16 s2", 256, 32, 64, 16, 3, 2, 1),
-    ("r20 64->64 8x8", 256, 64, 64, 8, 3, 1, 1),
-    ("r20 1x1 16->32 s2", 256, 16, 32, 32, 1, 2, 0),
-]
-RESNET50 = [
-    ("r50 3x3 64 56x56", 64, 64, 64, 56, 3, 1, 1),
-    ("r50 3x3 128 28x28", 64, 128, 128, 28, 3, 1, 1),
-    ("r50 3x3 256 14x14", 64, 256, 256, 14, 3, 1, 1),
-    ("r50 3x3 512 7x7", 64, 512, 512, 7, 3, 1, 1),
-    ("r50 3x3 128 56x56 s2", 64, 128, 128, 56, 3, 2, 1),
-    ("r50 1x1 256->64 56x56", 64, 256, 64, 56, 1, 1, 0),
-    ("r50 1x1 64->256 56x56", 64, 64, 256, 56, 1, 1, 0),
-    ("r50 1x1 1024->256 14x14", 64, 1024, 256, 14, 1, 1, 0),
-    ("r50 1x1 512->2048 7x7", 64, 512, 2048, 7, 1, 1, 0),
-]
-TILE_SHAPES = ["r20 16->16 32x32", "r20 64->64 8x8", "r50 3x3 64 56x56", "r50 3x3 256 14x14"]
+# (name, batch, cin, cout, size, kernel, stride, padding): ResNet-20 at batch 256, ResNet-50 at 64
+RESNET20 = with_batch([row[0] for row in R20[:6]], 256)
+RESNET50 = with_batch([row[0] for row in R50[:9]], 64)
+TILE_SHAPES = ["r20 16->16 32x32", "r20 64->64 8x8", "r50 64->64 56x56", "r50 256->256 14x14"]
 REF_LIMIT_GB = 24.0
 
 
