@@ -16,6 +16,7 @@ epoch at a later batch by slicing those draws (a mid-epoch resume augments nothi
 The crops and flips follow torchvision's distributions, not its random stream: the images of an
 epoch differ from the torchvision path's (tests/test_device_loader.py checks both properties).
 """
+import logging
 import math
 
 import numpy as np
@@ -28,6 +29,7 @@ from .datasets import DataError
 
 ON_DEVICE = ("cifar10", "cifar100", "cifar10_folder", "cifar100_folder", "fake")
 TRANSFORMS = ("cifar", "plain")
+log = logging.getLogger("addernet.data")
 PADDING = 4  # RandomCrop(size, padding=4) of the CIFAR recipe (addernet/data/transforms.py)
 
 
@@ -160,6 +162,8 @@ def build_device_loader(data_cfg, split, dataset, *, per_rank, rank, world_size,
     """DeviceLoader for ``split`` of ``dataset`` (see addernet.data.build_loader)."""
     check_on_device(data_cfg)
     images, targets = decode(dataset)
+    log.info("data.on_device: %s split held on %s as uint8 %s (%.1f MB)", split, torch.device(device or "cpu"),
+             "x".join(map(str, images.shape)), images.numel() / 1e6)
     return DeviceLoader(dataset, images, targets, batch_size=per_rank, train=split == "train",
                         transform=data_cfg.transform, image_size=data_cfg.image_size, mean=tuple(data_cfg.mean),
                         std=tuple(data_cfg.std), rank=rank, world_size=world_size, seed=seed, device=device)
