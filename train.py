@@ -1,6 +1,6 @@
 """Train an AdderNet (or its CNN twin): ``python train.py [experiment=<preset>] [key=value ...]``.
 
-Thin Hydra wrapper around addernet.engine.train; see configs/train.yaml and the README.
+Thin Hydra wrapper around addernet.engine.train; see configs/train.yaml and docs/training.md.
 Under torchrun (scripts/dist_train.sh) every rank uses rank 0's run dir and only rank 0 writes.
 """
 import sys
@@ -10,10 +10,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from addernet.checkpoint import CheckpointError
-from addernet.data import DataError
 from addernet.distributed import env_rank
-from addernet.engine import ConfigError, NonFiniteLoss, Preempted, train
+from addernet.engine import train
+from addernet.errors import AdderNetError, Preempted
 
 # hydra.output_subdir is ${rank0_only:.hydra}: ranks > 0 write no .hydra/ folder.
 OmegaConf.register_new_resolver("rank0_only", lambda value: value if env_rank() == 0 else None, replace=True)
@@ -23,12 +22,9 @@ OmegaConf.register_new_resolver("rank0_only", lambda value: value if env_rank() 
 def main(cfg):
     try:
         return train(cfg, HydraConfig.get().runtime.output_dir)["best_top1"]
-    except Preempted as e:
-        print(f"train.py: {e}", file=sys.stderr)
-        sys.exit(143)  # 128 + SIGTERM, what schedulers expect from a pre-empted job
-    except (ConfigError, DataError, CheckpointError, NonFiniteLoss, OmegaConfBaseException) as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
-        sys.exit(2 if not isinstance(e, NonFiniteLoss) else 3)
+    except (AdderNetError, OmegaConfBaseException) as e:
+        print(f"train.py: {'' if isinstance(e, Preempted) else 'error: '}{e}", file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 2))
 
 
 if __name__ == "__main__":

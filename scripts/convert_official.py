@@ -12,17 +12,15 @@ import hashlib
 import os
 import sys
 
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from addernet.checkpoint import FORMAT_VERSION, CheckpointError, load_checkpoint, save_checkpoint
+from addernet.checkpoint.official import is_official, load_official, official_to_ours
+from addernet.engine import ConfigError, model_from_config
+from addernet.models import MODELS
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from hydra import compose, initialize_config_dir  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint  # noqa: E402
-from addernet.checkpoint.official import is_official, load_official, official_to_ours  # noqa: E402
-from addernet.engine import ConfigError, model_from_config  # noqa: E402
-from addernet.engine.trainer import FORMAT_VERSION  # noqa: E402
-from addernet.models import MODELS  # noqa: E402
 
 # Default data config per model family (the official files: ResNet-20 on CIFAR-10, ResNet-50 on ImageNet).
 DATASETS = {"CIFAR": "cifar10", "MNIST": "mnist", "ImageNet": "imagenet"}

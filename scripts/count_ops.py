@@ -9,13 +9,11 @@ on the meta device (shapes only), so it takes seconds for any model. The convent
 addernet/analysis/op_count.py. The last line printed is one JSON object with every figure.
 """
 import json
-import os
 import sys
 
 import hydra
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from addernet.analysis import count_model_ops, format_report  # noqa: E402
+from addernet.analysis import count_model_ops, format_report
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")

@@ -15,18 +15,16 @@ import collections
 import os
 import re
 import subprocess
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-from triton._C.libtriton import native_specialize_impl  # noqa: E402
-from triton.backends.compiler import BaseBackend, GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+import torch
+import triton
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.compiler import BaseBackend, GPUTarget
+from triton.compiler import ASTSource
 
-from addernet.ops.kernels import triton as tk  # noqa: E402
+from addernet.ops.kernels import triton as tk
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 INSN = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)(.*)")

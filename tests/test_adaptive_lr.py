@@ -148,6 +148,7 @@ def _load_worker():
     return module
 
 
+@pytest.mark.distributed
 def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
     worker = _load_worker()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(

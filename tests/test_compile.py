@@ -23,6 +23,7 @@ def _step(model, x, target):
     return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compiled_resnet20_matches_eager(monkeypatch, backend):
     monkeypatch.setenv("ADDERNET_BACKEND", "fast")

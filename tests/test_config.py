@@ -8,9 +8,10 @@ from omegaconf import OmegaConf
 
 from addernet import Adder2d
 from addernet.engine import ConfigError, check_config, model_from_config
-from conftest import REPO, compose
+from helpers import REPO, compose
 
-PRESETS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
+NOT_PAPER_ROWS = {"quickstart"}  # presets that are not a row of the paper's tables
+PRESETS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml") if p.stem not in NOT_PAPER_ROWS)
 DATA_KEYS = {"name", "root", "num_classes", "image_size", "in_channels", "batch_size", "num_workers", "download",
              "pin_memory", "mean", "std", "transform"}
 
@@ -105,5 +106,7 @@ def test_unknown_model_names_the_choices():
 
 def test_every_experiment_file_documents_its_paper_number():
     for p in Path(REPO / "configs" / "experiment").glob("*.yaml"):
+        if p.stem in NOT_PAPER_ROWS:
+            continue
         text = p.read_text()
         assert text.startswith("# @package _global_") and "paper" in text and "%" in text, p.name

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from addernet.data import DataError, build_dataset, build_loader, seed_epoch
-from conftest import CIFAR10_CLASSES, CIFAR_SAMPLE, compose, trust_cifar10_md5, write_cifar10
+from helpers import CIFAR10_CLASSES, CIFAR_SAMPLE, compose, trust_cifar10_md5, write_cifar10
 
 
 def _cfg(*overrides):

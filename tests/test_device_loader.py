@@ -16,7 +16,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 from addernet.checkpoint import load_checkpoint
 from addernet.data import DataError, DeviceLoader, build_loader, epoch_seed, iter_from, seed_epoch
 from addernet.engine import Preempted, train
-from conftest import compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10, write_jpeg_folder
+from helpers import compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10, write_jpeg_folder
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
 # Upper 0.1% points of the chi-square distribution (scipy.stats.chi2.ppf(0.999, df)), df = 81 cells - 1.
@@ -189,6 +189,7 @@ def test_mixed_image_sizes_are_refused(tmp_path):
 FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
 
 
+@pytest.mark.slow
 def test_train_py_and_test_py_on_device(tmp_path, jpeg_cifar):
     run = tmp_path / "run"
     res = run_train(["data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.batch_size=16",
@@ -213,6 +214,7 @@ class _SigtermOn(logging.Handler):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+@pytest.mark.slow
 def test_mid_epoch_resume_equals_uninterrupted(tmp_path, jpeg_cifar):
     base = ["data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.batch_size=8",
             "data.image_size=28", "model=lenet5_bn", "data.on_device=true", "trainer.epochs=2",

@@ -9,12 +9,13 @@ import pytest
 from addernet.checkpoint import load_checkpoint
 from addernet.data import build_loader
 from addernet.engine import evaluate, model_from_config
-from conftest import compose, run_train
+from helpers import compose, run_train
 
 ARGS = ["data=fake", "data.train_size=64", "data.val_size=37", "data.batch_size=16", "model=lenet5_bn",
         "data.image_size=28", "trainer.epochs=2", "trainer.progress=false", "trainer.log_every=1"]
 
 
+@pytest.mark.distributed
 def test_torchrun_two_cpu_processes(tmp_path):
     run = tmp_path / "outputs" / "job"
     proc = run_train(ARGS, script=("bash", "scripts/dist_train.sh", "2"), timeout=300,

@@ -1,5 +1,4 @@
 """test.py end to end on our own checkpoints (no shared data needed): stored config, overrides, clear errors."""
-import importlib.util
 import json
 
 import pytest
@@ -7,22 +6,15 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from addernet.checkpoint import save_checkpoint
+from addernet.checkpoint import read_checkpoint, save_checkpoint
 from addernet.data import build_dataset
+from addernet.engine.eval_run import effective_config, evaluate_checkpoint
 from addernet.models import build_model
-from conftest import REPO, compose, run_train
+from helpers import REPO, compose, run_train
 
 # data.download=false everywhere: if the stored config were ignored, the default data=cifar10 must not
 # reach for the network.
 NO_DOWNLOAD = ["data.download=false", "trainer.progress=false"]
-
-
-def _test_py():
-    """Import test.py as a module (the name `test` is taken by the standard library's test package)."""
-    spec = importlib.util.spec_from_file_location("addernet_test_cli", REPO / "test.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def run_test_py(args):
@@ -99,27 +91,26 @@ def test_command_line_overrides_win_over_the_stored_config(our_checkpoint):
 
 
 def test_effective_config_merges_only_what_the_user_gave():
-    mod = _test_py()
     stored = {"model": {"name": "resnet32", "layer": "adder"},
               "data": {"name": "cifar10_folder", "root": "/old", "train_dir": "/old/train", "val_dir": "/old/test",
                        "batch_size": 256, "num_classes": 10}}
     # a data.root override moves the stored (already resolved) folders with it; one key changes in model
     ov = ["checkpoint=x.pt", "data.root=/new", "data.batch_size=50", "model.layer=conv"]
     cfg = compose(["data=cifar10_folder", "data.root=/new", "data.batch_size=50", "model.layer=conv"])
-    eff = mod.effective_config(cfg, stored, ov)
+    eff = effective_config(cfg, stored, ov)
     assert eff.model == {"name": "resnet32", "layer": "conv"}
     assert (eff.data.root, eff.data.train_dir, eff.data.val_dir) == ("/new", "/new/train", "/new/test")
     assert eff.data.batch_size == 50 and eff.data.num_classes == 10
     # an explicit val_dir is kept as given
     ov = ["data.root=/new", "data.val_dir=/elsewhere"]
-    eff = mod.effective_config(compose(["data=cifar10_folder", *ov]), stored, ov)  # data= as test.py implies it
+    eff = effective_config(compose(["data=cifar10_folder", *ov]), stored, ov)  # data= as test.py implies it
     assert (eff.data.train_dir, eff.data.val_dir) == ("/new/train", "/elsewhere")
     # a group choice replaces the stored group with the composed one
     ov = ["data=fake", "model=vgg_small"]
-    eff = mod.effective_config(compose(ov), stored, ov)
+    eff = effective_config(compose(ov), stored, ov)
     assert eff.data.name == "fake" and eff.model.name == "vgg_small"
     # nothing given: the stored groups as they are
-    eff = mod.effective_config(compose([]), stored, [])
+    eff = effective_config(compose([]), stored, [])
     assert OmegaConf.to_container(eff.data) == stored["data"] and eff.model.name == "resnet32"
 
 
@@ -159,14 +150,13 @@ def test_missing_foreign_and_absent_checkpoints_raise_clear_errors(tmp_path):
     from addernet.checkpoint import CheckpointError
     from addernet.engine import ConfigError
 
-    mod = _test_py()
     with pytest.raises(CheckpointError, match="checkpoint not found"):
-        mod.read_checkpoint(tmp_path / "nope.pt")
+        read_checkpoint(tmp_path / "nope.pt")
     other = tmp_path / "other.pt"
     torch.save({"weights": [1, 2], "step": 3}, other)
     with pytest.raises(CheckpointError, match="neither a checkpoint of this repo.*found: weights, step"):
-        mod.read_checkpoint(other)
+        read_checkpoint(other)
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = hydra_compose("test")
     with pytest.raises(ConfigError, match=r"no checkpoint given: python test.py checkpoint=PATH"):
-        mod.run(cfg, [])
+        evaluate_checkpoint(cfg, [])

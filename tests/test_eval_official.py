@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CIFAR_SAMPLE, REPO, SHARED, run_train
+from helpers import CIFAR_SAMPLE, REPO, SHARED, run_train
 
 OFFICIAL = SHARED / "official" / "ResNet20-AdderNet.pth"
 REFERENCE = SHARED / "official" / "ResNet20-AdderNet.cifar10-test-sample.jsonl"
@@ -104,6 +104,7 @@ def test_converted_checkpoint_gives_identical_results(official_run, tmp_path):
     assert out["loss"] == pytest.approx(ref["loss"], rel=1e-6)
 
 
+@pytest.mark.distributed
 def test_torchrun_two_processes_counts_every_image_once(tmp_path):
     """Under torchrun (2 CPU processes, gloo) an odd-sized folder is split without padding or loss."""
     _, ref = _reference()

@@ -9,7 +9,7 @@ from addernet.checkpoint import CheckpointError, load_checkpoint
 from addernet.checkpoint import load_weights
 from addernet.checkpoint.official import is_official, load_official, official_to_ours
 from addernet.models import build_model
-from conftest import SHARED
+from helpers import SHARED
 
 OFFICIAL_R20 = SHARED / "official" / "ResNet20-AdderNet.pth"
 needs_official = pytest.mark.skipif(not OFFICIAL_R20.is_file(),

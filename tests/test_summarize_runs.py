@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import REPO
+from helpers import REPO
 
 SCRIPT = REPO / "scripts" / "summarize_runs.py"
 

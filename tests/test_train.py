@@ -13,7 +13,7 @@ from addernet import AdaptiveLR, Adder2d
 from addernet.checkpoint import load_checkpoint
 from addernet.data import build_loader
 from addernet.engine import NonFiniteLoss, Preempted, evaluate, model_from_config, train
-from conftest import compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10
+from helpers import compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10
 
 METRIC_KEYS = {"epoch", "lr", "train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "val_n",
                "epoch_seconds", "images_per_s", "val_images_per_s"}

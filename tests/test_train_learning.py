@@ -5,7 +5,7 @@ import os
 import pytest
 
 from addernet.engine import train
-from conftest import CIFAR_SAMPLE, compose
+from helpers import CIFAR_SAMPLE, compose
 
 # Measured (8 epochs, seeds 0-4): final val top-1 30.0 / 27.0 / 30.0 / 24.5 / 29.0 %. Chance is 10% with a
 # standard deviation of 2.1 points on 200 images, so 18% is ~3.8 sigma above chance and 6.5 points below
@@ -14,6 +14,7 @@ THRESHOLD = 18.0
 
 
 @pytest.mark.skipif(not CIFAR_SAMPLE.is_dir(), reason=f"shared CIFAR-10 sample not found at {CIFAR_SAMPLE}")
+@pytest.mark.slow
 def test_small_addernet_learns_cifar10_sample(tmp_path):
     root = tmp_path / "split"
     for c in sorted(os.listdir(CIFAR_SAMPLE)):

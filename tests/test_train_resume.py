@@ -6,12 +6,13 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from addernet.checkpoint import load_checkpoint
 from addernet.engine import train
-from conftest import REPO, compose, metrics_without_timing
+from helpers import REPO, compose, metrics_without_timing
 
 EPOCHS = 3
 
@@ -43,6 +44,7 @@ def _signal_at(proc, log, line, sig, timeout=240):
     raise AssertionError(f"{line!r} never appeared in {log}")
 
 
+@pytest.mark.slow
 def test_sigterm_then_sigkill_then_resume_equals_uninterrupted(tmp_path, jpeg_cifar):
     reference = tmp_path / "reference"
     train(compose(_args(jpeg_cifar)), str(reference))  # uninterrupted, in this process

@@ -19,10 +19,9 @@ import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-from addernet.ops.kernels import triton as tk  # noqa: E402  (the tile lists; kernels only with triton)
-from addernet.ops.reference import adder2d_reference  # noqa: E402
+from addernet.ops.kernels import triton as tk  # the tile lists; kernels only with triton
+from addernet.ops.reference import adder2d_reference
 
 try:
     import triton
@@ -164,6 +163,7 @@ def _sass_report():
     return mod
 
 
+@pytest.mark.codegen
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_sm90_code_of_pixel_lane_tiles_keeps_the_register_tile():
     """The lanes-along-pixels tiles (TN == 1), compiled for sm_90 exactly as a launch would, in the
@@ -180,7 +180,10 @@ def test_sm90_code_of_pixel_lane_tiles_keeps_the_register_tile():
 
 
 # ----------------------------------------------------------------------------------- CUDA
-cuda = pytest.mark.skipif(not (HAS_TRITON and torch.cuda.is_available()), reason="needs a CUDA GPU and triton")
+def cuda(test):
+    """Marker `cuda` (selected by scripts/gpu_check.sh) plus a skip without a GPU and Triton."""
+    return pytest.mark.cuda(pytest.mark.skipif(not (HAS_TRITON and torch.cuda.is_available()),
+                                               reason="needs a CUDA GPU and triton")(test))
 
 # ResNet-20 (CIFAR, 32x32) and ResNet-50 (224x224) adder layer shapes: (Cin, Cout, H, k, stride, pad)
 RESNET_LAYERS = {

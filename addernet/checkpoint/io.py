@@ -12,9 +12,7 @@ import zipfile
 
 import torch
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, truncated/corrupt, or holds objects that are unsafe to load."""
+from ..errors import CheckpointError
 
 
 def save_checkpoint(state, path):

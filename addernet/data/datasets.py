@@ -7,15 +7,12 @@ import os
 
 from torchvision import datasets as tvd
 
+from ..errors import DataError
 from .transforms import build_transform
 
 TORCHVISION = {"cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100, "mnist": tvd.MNIST}
 FOLDERS = ("imagenet", "cifar10_folder", "cifar100_folder")
 NAMES = tuple(TORCHVISION) + FOLDERS + ("fake",)
-
-
-class DataError(RuntimeError):
-    """The dataset cannot be built: missing files, wrong layout or a bad data.* setting."""
 
 
 def _expected_files(cls, root):

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler, Subset
 from torchvision import datasets as tvd
 
-from .datasets import DataError
+from ..errors import DataError
 
 ON_DEVICE = ("cifar10", "cifar100", "cifar10_folder", "cifar100_folder", "fake")
 TRANSFORMS = ("cifar", "plain")

@@ -9,6 +9,8 @@ Every pipeline ends with ToTensor + Normalize(data.mean, data.std).
 """
 from torchvision import transforms as T
 
+from ..errors import DataError
+
 TRANSFORMS = ("cifar", "imagenet", "plain")
 
 
@@ -24,6 +26,5 @@ def build_transform(data_cfg, split):
     elif kind == "plain":
         steps = []
     else:
-        from .datasets import DataError
         raise DataError(f"unknown data.transform={kind!r}; choose one of {', '.join(TRANSFORMS)}.")
     return T.Compose(steps + [T.ToTensor(), T.Normalize(tuple(data_cfg.mean), tuple(data_cfg.std))])

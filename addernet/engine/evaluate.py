@@ -1,4 +1,9 @@
-"""Evaluation over a (possibly sharded) validation loader with exact cross-rank counts."""
+"""The step helpers shared by training and evaluation, and evaluation over a (sharded) loader.
+
+``to_device`` and ``logits_and_loss`` are the one place where a batch meets the model: the
+classification task trains with them and ``evaluate`` validates with them, so both see the same
+device placement, memory format, autocast and loss.
+"""
 import time
 
 import torch
@@ -19,6 +24,20 @@ def autocast(device, amp):
     return torch.autocast(device.type, dtype=AMP_DTYPES[amp] or torch.float32, enabled=amp != "off")
 
 
+def to_device(images, target, device, memory_format=torch.contiguous_format):
+    """Move a batch to ``device`` without waiting for it (pinned memory makes the copy asynchronous)."""
+    return (images.to(device, non_blocking=True, memory_format=memory_format),
+            target.to(device, non_blocking=True))
+
+
+def logits_and_loss(model, images, target, amp="off", reduction="mean"):
+    """(float32 N x classes logits, cross-entropy) of ``model`` on a batch already on the device."""
+    with autocast(images.device, amp):
+        logits = model(images)
+    logits = logits.float().flatten(1)
+    return logits, F.cross_entropy(logits, target, reduction=reduction)
+
+
 @torch.no_grad()
 def evaluate(model, loader, device, amp="off", channels_last=False):
     """Evaluate ``model`` on ``loader``; returns {"top1", "top5", "loss", "n", "images_per_s"}.
@@ -35,16 +54,12 @@ def evaluate(model, loader, device, amp="off", channels_last=False):
     was_training = model.training
     model.eval()
     sums = MetricSums(device)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
     start = time.perf_counter()
     for images, target in loader:
-        images = images.to(device, non_blocking=True)
-        if channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
-        target = target.to(device, non_blocking=True)
-        with autocast(device, amp):
-            logits = model(images)
-        logits = logits.float().flatten(1)
-        sums.update(F.cross_entropy(logits, target, reduction="sum"), logits, target)
+        images, target = to_device(images, target, device, memory_format)
+        logits, loss_sum = logits_and_loss(model, images, target, amp, reduction="sum")
+        sums.update(loss_sum, logits, target)
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)

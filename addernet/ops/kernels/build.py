@@ -21,13 +21,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ...errors import BuildError
+
 SOURCES = ("adder_cpu.c", "adder_cpu_body.h")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11")  # no -ffast-math: see adder_cpu.c
 OPENMP = ("-fopenmp",)  # tried first; without it the kernels run on a Python thread pool (cpu.py)
-
-
-class BuildError(RuntimeError):
-    """The C kernel could not be compiled or loaded (no compiler, compile error, bad platform)."""
 
 
 def cache_dir():

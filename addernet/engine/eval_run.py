@@ -1,0 +1,154 @@
+"""Evaluation of a checkpoint, as ``test.py`` runs it: config merge, loading, evaluation, the report.
+
+Our checkpoints store their training config: the model and data are rebuilt from it and only what
+the command line overrides changes (a ``data=``/``model=`` choice replaces that group; ``data.x=...``
+changes one key). Official AdderNet checkpoints (bare state_dicts) store none, so the model and
+data come from the command line and configs/test.yaml.
+"""
+import json
+import os
+import sys
+
+import torch
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from .. import distributed as dist
+from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, read_checkpoint
+from ..checkpoint.official import is_official, load_official
+from ..data import build_loader
+from ..errors import CheckpointError, ConfigError
+from .config import check_eval_config, device_type, model_from_config
+from .evaluate import evaluate
+
+STORED_GROUPS = ("model", "data")  # taken from our checkpoint's config unless overridden
+RESULT_KEYS = ("top1", "top5", "loss", "n", "images_per_s")
+
+
+def implied_data_choice(argv, configs_dir):
+    """``data=<name>`` of the config stored in the checkpoint named in argv, or None.
+
+    Hydra composes before main() runs, and a ``data.val_dir=...`` override fails to compose when the
+    default data group (cifar10) lacks that key. Composing the checkpoint's own data group makes every
+    override of its keys valid; the caller then treats this choice as not given by the user.
+    """
+    paths = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("checkpoint=")]
+    if not paths or any(a.lstrip("+~").split("=")[0] in ("data", "experiment") for a in argv):
+        return None
+    try:
+        ckpt = load_checkpoint(paths[-1], map_location="cpu")
+    except CheckpointError:
+        return None  # reported when the evaluation reads it
+    stored = ckpt.get("config") if isinstance(ckpt, dict) and not is_official(ckpt) else None
+    name = stored.get("data", {}).get("name") if isinstance(stored, dict) else None
+    if isinstance(name, str) and os.path.isfile(os.path.join(configs_dir, "data", f"{name}.yaml")):
+        return f"data={name}"
+    return None
+
+
+def reroot(node, stored, overridden):
+    """After a data.root override, move the stored (resolved) train_dir/val_dir that lay under the old root."""
+    old, new = str(stored.get("root", "")).rstrip("/"), str(node.get("root", "")).rstrip("/")
+    if not old or old == new:
+        return
+    for key in ("train_dir", "val_dir"):
+        value = node.get(key)
+        if f"data.{key}" not in overridden and isinstance(value, str) and (value == old or value.startswith(old + "/")):
+            node[key] = new + value[len(old):]
+
+
+def _apply_overrides(node, group, parsed, cfg):
+    """``node`` (a stored group) with the command line's ``group.key=value`` / ``~group.key`` applied."""
+    for o in parsed:
+        if not o.key_or_group.startswith(group + "."):
+            continue
+        sub = OmegaConf.create(node)
+        key = o.key_or_group[len(group) + 1:]
+        if o.is_delete():
+            parent, _, leaf = key.rpartition(".")
+            target = OmegaConf.select(sub, parent) if parent else sub
+            if target is not None and leaf in target:
+                del target[leaf]
+        else:
+            OmegaConf.update(sub, key, OmegaConf.select(cfg, o.key_or_group), force_add=True)
+        node = OmegaConf.to_container(sub)
+    return node
+
+
+def effective_config(cfg, stored, overrides):
+    """``cfg`` with the model/data groups of the checkpoint's ``stored`` config, except what the user overrode.
+
+    ``overrides`` are the command-line overrides (HydraConfig overrides.task): a group choice
+    (``data=...``, ``model=...``, ``experiment=...``) keeps the composed group; ``group.key=value`` changes one
+    stored key (its value read from the composed cfg, so Hydra's parsing and types apply).
+    """
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    chosen = {o.key_or_group for o in parsed if "." not in o.key_or_group}
+    if "experiment" in chosen:
+        chosen.update(STORED_GROUPS)
+    overridden = {o.key_or_group for o in parsed}
+    out = OmegaConf.to_container(cfg, resolve=True)
+    for group in STORED_GROUPS:
+        if group in chosen or not isinstance(stored.get(group), dict):
+            continue
+        node = _apply_overrides(dict(stored[group]), group, parsed, cfg)
+        if group == "data" and "data.root" in overridden:
+            reroot(node, stored[group], overridden)
+        out[group] = node
+    return OmegaConf.create(out)
+
+
+def _load_model(cfg, path, state, stored, kind):
+    model = model_from_config(cfg)
+    if stored is None:
+        origin = " (no config stored in the checkpoint: model/data come from the command line)"
+    else:
+        m = stored.get("model", {})
+        origin = f" (the checkpoint was trained as model={m.get('name')} model.layer={m.get('layer')})"
+    hint = (f"The model was built from model={cfg.model.name} model.layer={cfg.model.layer} data.num_classes="
+            f"{cfg.data.num_classes}{origin}; pick the checkpoint's architecture with model=<name> "
+            f"(configs/model/), model.layer=adder|conv and the matching data=<dataset>.")
+    (load_official if kind == OFFICIAL else load_weights)(model, state, source=path, hint=hint)
+    return model
+
+
+def evaluate_checkpoint(cfg, overrides):
+    """Evaluate cfg.checkpoint; returns the result dict (the same on every rank)."""
+    if OmegaConf.is_missing(cfg, "checkpoint"):
+        raise ConfigError("no checkpoint given: python test.py checkpoint=PATH (a run's checkpoints/best.pt or an "
+                          "official ResNet20-AdderNet.pth / ResNet50-AdderNet.pth)")
+    path = str(cfg.checkpoint)
+    state, stored, kind = read_checkpoint(path)
+    if stored is not None:
+        cfg = effective_config(cfg, stored, overrides)
+    check_eval_config(cfg)
+    device = dist.init_distributed(device_type(cfg))
+    if str(cfg.trainer.device).startswith("cuda:") and not dist.is_distributed():
+        device = torch.device(str(cfg.trainer.device))
+    memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
+    model = _load_model(cfg, path, state, stored, kind).to(device=device, memory_format=memory_format)
+    if device.type != "cuda" and cfg.data.get("pin_memory"):
+        cfg.data.pin_memory = False  # pinning needs an accelerator; avoids DataLoader's warning on CPU
+    loader = build_loader(cfg.data, "val", rank=dist.get_rank(), world_size=dist.get_world_size())
+    if dist.is_main():
+        where = cfg.data.get("val_dir") or cfg.data.get("root")
+        print(f"checkpoint {path} [{kind}]\nmodel {cfg.model.name} ({cfg.model.layer}) | data {cfg.data.name} "
+              f"val split ({len(loader.dataset.dataset)} images{f', {where}' if where else ''}) | device {device} x "
+              f"{dist.get_world_size()} | amp {cfg.trainer.amp}", flush=True)
+    bar = tqdm(loader, desc="test", unit="batch", disable=not (dist.is_main() and cfg.trainer.progress),
+               file=sys.stderr)
+    result = evaluate(model, bar, device, amp=cfg.trainer.amp, channels_last=bool(cfg.trainer.channels_last))
+    return {k: result[k] for k in RESULT_KEYS}
+
+
+def report(result, results_file):
+    """Human-readable summary, then the JSON line (last line printed); also written to results_file."""
+    print(f"top-1 {result['top1']:.2f}% | top-5 {result['top5']:.2f}% | loss {result['loss']:.4f} | "
+          f"n {result['n']} | {result['images_per_s']:.1f} images/s")
+    line = json.dumps(result)
+    if results_file:
+        os.makedirs(os.path.dirname(os.path.abspath(results_file)), exist_ok=True)
+        with open(results_file, "w") as f:
+            f.write(line + "\n")
+    print(line, flush=True)

@@ -1,0 +1,109 @@
+"""The epoch of training steps: the task computes the loss, the loop back-propagates and steps.
+
+Nothing in a step waits for the device. The loss is watched for NaN/inf on the device, and the
+host looks at it, at the SIGTERM flag (agreed across ranks) and at the running metrics only in
+``host_check``: every ``trainer.log_every`` steps and at the epoch end. A NaN therefore still stops
+the run before anything is saved, and a SIGTERM still saves a mid-epoch last.pt at the next check,
+on every rank at the same step.
+"""
+import logging
+import os
+import time
+
+import torch
+from tqdm import tqdm
+
+from .. import distributed as dist
+from ..checkpoint import save_checkpoint
+from ..data import seed_epoch
+from ..errors import NonFiniteLoss, Preempted
+from .evaluate import to_device
+from .resume import gather_rng, set_rng_state
+
+log = logging.getLogger("addernet.train")
+
+
+class LossWatch:
+    """Remembers, on the device, the first step whose loss was not finite and that loss."""
+
+    def __init__(self, device):
+        self.step = torch.zeros((), dtype=torch.int64, device=device)
+        self.loss = torch.zeros((), dtype=torch.float32, device=device)
+
+    def update(self, loss, step):
+        loss = loss.detach().float()
+        first = ~torch.isfinite(loss) & (self.step == 0)
+        self.step = torch.where(first, step, self.step)
+        self.loss = torch.where(first, loss, self.loss)
+
+    def raise_if_bad(self, epoch, epochs_done):
+        step = int(self.step.item())  # the host synchronisation of this check
+        if step:
+            raise NonFiniteLoss(
+                f"non-finite loss ({self.loss.item()}) at epoch {epoch + 1} step {step}; stopped without saving, "
+                f"so checkpoints/last.pt still holds the last good state (epoch {epochs_done}). Try a lower "
+                f"optim.lr, trainer.amp=off, or check the data.")
+
+
+def host_check(run, watch, epoch, step, bar, seen, started):
+    """The only host synchronisation of the step loop: NaN watch, log line, SIGTERM agreement."""
+    watch.raise_if_bad(epoch, run.state["epoch"])
+    running = run.sums.compute()
+    rate = seen / max(time.perf_counter() - started, 1e-9)
+    bar.set_postfix(loss=f"{running['loss']:.3f}", top1=f"{running['top1']:.1f}", img_s=f"{rate:.0f}", refresh=False)
+    log.info("epoch %d/%d step %d/%d loss %.4f top1 %.2f img/s %.1f", epoch + 1, run.epochs, step,
+             len(run.train_loader), running["loss"], running["top1"], rate)
+    if dist.any_rank(run.stop.requested, run.device):
+        preempt(run, epoch, step, bar)
+
+
+def preempt(run, epoch, step, bar):
+    """Save a mid-epoch last.pt (every rank's RNG included) and raise Preempted."""
+    log.warning("SIGTERM: stopping after epoch %d step %d, saving checkpoints/last.pt", epoch + 1, step)
+    rng = gather_rng(run.world)
+    last = os.path.join(run.ckpt_dir, "last.pt")
+    if run.main:
+        save_checkpoint(run.checkpoint(step, run.sums, rng), last)
+    dist.barrier()
+    bar.close()
+    run.outputs.close()
+    raise Preempted(f"stopped by SIGTERM at epoch {epoch + 1} step {step}; saved {last}. Re-run with "
+                    f"hydra.run.dir={run.run_dir} to resume (or trainer.resume=<that file>).")
+
+
+def _parts(out):
+    return {k: v for k, v in out.items() if k not in ("loss", "output")}
+
+
+def train_epoch(run, epoch, start_step):
+    """Train one epoch from ``start_step`` (a mid-epoch resume); returns (images seen by all ranks, seconds)."""
+    seed_epoch(run.train_loader, run.seed, epoch, run.rank)
+    run.task.train()
+    batches = iter(run.train_loader)
+    for _ in range(start_step):  # mid-epoch resume: replay the data stream up to the saved step
+        next(batches)
+    if run.pending_rng is not None:
+        set_rng_state(run.pending_rng)
+        run.pending_rng = None
+    bar = tqdm(total=len(run.train_loader), initial=start_step, desc=f"epoch {epoch + 1}/{run.epochs}",
+               disable=not (run.main and run.cfg.trainer.progress), dynamic_ncols=True, leave=False)
+    watch, log_every = LossWatch(run.device), int(run.cfg.trainer.log_every)
+    seen, started, step = 0, time.perf_counter(), start_step
+    for step, (images, target) in enumerate(batches, start=start_step + 1):
+        images, target = to_device(images, target, run.device, run.memory_format)
+        out = run.task(images, target)
+        watch.update(out["loss"], step)
+        run.optimizer.zero_grad(set_to_none=True)
+        run.scaler.scale(out["loss"]).backward()
+        run.scaler.step(run.optimizer)  # AdaptiveLR's pre-step hook runs here, on unscaled gradients
+        run.scaler.update()
+        run.sums.update(out["loss"].detach() * target.shape[0], out["output"], target, _parts(out))
+        seen += target.shape[0] * run.world
+        bar.update(1)
+        if step % log_every == 0:
+            host_check(run, watch, epoch, step, bar, seen, started)
+    bar.close()
+    watch.raise_if_bad(epoch, run.state["epoch"])  # the epoch-end check: before validation and any save
+    if run.device.type == "cuda":
+        torch.cuda.synchronize(run.device)
+    return seen, time.perf_counter() - started

@@ -1,0 +1,92 @@
+"""What a run writes (rank 0 only): train.log, metrics.jsonl, TensorBoard events and hparams.
+
+Crash-safe by construction: metrics.jsonl is rewritten from the checkpoint's history when a run
+resumes, and the TensorBoard writer purges events after the resumed epoch, so a replayed epoch
+never appears twice.
+"""
+import json
+import logging
+import os
+import sys
+
+from ..ops import Adder2d
+
+RECORD_SCALARS = (("train/loss", "train_loss"), ("train/top1", "train_top1"), ("val/loss", "val_loss"),
+                  ("val/top1", "val_top1"), ("val/top5", "val_top5"), ("lr", "lr"), ("images_per_s", "images_per_s"))
+BASE_KEYS = {key for _, key in RECORD_SCALARS} | {"epoch", "val_n", "epoch_seconds", "val_images_per_s"}
+
+
+def setup_logging(run_dir, main):
+    """Log to the console on every rank (warnings only off rank 0) and to train.log on rank 0; returns undo."""
+    logger = logging.getLogger("addernet")
+    handlers = [logging.StreamHandler(sys.stderr)]
+    if main:
+        handlers.append(logging.FileHandler(os.path.join(run_dir, "train.log")))
+    fmt = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s", "%Y-%m-%d %H:%M:%S")
+    for h in handlers:
+        h.setFormatter(fmt)
+        logger.addHandler(h)
+    old = (logger.level, logger.propagate)
+    logger.setLevel(logging.INFO if main else logging.WARNING)
+    logger.propagate = False
+
+    def restore():
+        for h in handlers:
+            logger.removeHandler(h)
+            h.close()
+        logger.setLevel(old[0])
+        logger.propagate = old[1]
+    return restore
+
+
+def extra_keys(record):
+    """The record's task-specific keys (loss parts, a teacher's metrics), in a stable order."""
+    return sorted(k for k in record if k not in BASE_KEYS)
+
+
+class RunOutputs:
+    """metrics.jsonl + TensorBoard of one run dir; every method is a no-op off rank 0."""
+
+    def __init__(self, run_dir, main, resumed_epoch=None):
+        self.main, self.metrics = main, os.path.join(run_dir, "metrics.jsonl")
+        self.writer = None
+        if main:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"),
+                                        purge_step=resumed_epoch + 1 if resumed_epoch is not None else None)
+
+    def rewrite_metrics(self, history):
+        """metrics.jsonl from the checkpoint's history (atomic), so a replayed epoch is not doubled."""
+        if not self.main:
+            return
+        tmp = self.metrics + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in history)
+        os.replace(tmp, self.metrics)
+
+    def write_epoch(self, record, alphas, model, histograms):
+        """One epoch's line in metrics.jsonl and its TensorBoard points (x axis = epoch, 1-based), flushed."""
+        if not self.main:
+            return
+        step, w = record["epoch"], self.writer
+        for tag, key in RECORD_SCALARS:
+            w.add_scalar(tag, record[key], step)
+        for key in extra_keys(record):  # train_<part> -> train/<part>, teacher_val_top1 -> teacher_val/top1
+            prefix, _, name = key.rpartition("_") if not key.startswith("train_") else ("train", "", key[6:])
+            w.add_scalar(f"{prefix}/{name}", record[key], step)
+        for name, alpha in alphas.items():
+            w.add_scalar(f"adaptive_lr/{name}", alpha, step)
+        if histograms:
+            for name, module in model.named_modules():
+                if isinstance(module, Adder2d):
+                    w.add_histogram(f"adder_weight/{name}", module.weight.detach().float().cpu(), step)
+        w.flush()
+        with open(self.metrics, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def close(self, hparams=None, metrics=None):
+        if self.writer is not None:
+            if hparams is not None:
+                self.writer.add_hparams(hparams, metrics, run_name="hparams")
+            self.writer.close()
+            self.writer = None

@@ -1,0 +1,40 @@
+"""Every error a user can cause or fix, under one base class that train.py and test.py catch.
+
+Each subclass carries the process exit code its entry point uses: 2 for a mistake in the command or
+its inputs, 3 for a training run that diverged, 143 for a pre-empted run (128 + SIGTERM, what
+schedulers expect). The message always says what was wrong and what to do.
+"""
+
+
+class AdderNetError(Exception):
+    """Base of all user-facing errors; ``exit_code`` is what train.py / test.py exit with."""
+
+    exit_code = 2
+
+
+class ConfigError(AdderNetError, ValueError):
+    """A config value is invalid; the message names the key and the fix."""
+
+
+class DataError(AdderNetError, RuntimeError):
+    """The dataset cannot be built: missing files, wrong layout or a bad data.* setting."""
+
+
+class CheckpointError(AdderNetError, RuntimeError):
+    """A checkpoint is missing, truncated/corrupt, of the wrong kind, or holds objects unsafe to load."""
+
+
+class BuildError(AdderNetError, RuntimeError):
+    """The C adder kernel could not be compiled or loaded (no compiler, compile error, bad platform)."""
+
+
+class NonFiniteLoss(AdderNetError, RuntimeError):
+    """The loss became NaN/inf; the last good checkpoint is left untouched."""
+
+    exit_code = 3
+
+
+class Preempted(AdderNetError, RuntimeError):
+    """SIGTERM arrived: last.pt was saved after the current step; the run exits non-zero."""
+
+    exit_code = 143

@@ -1,0 +1,97 @@
+"""Atomic checkpoint writing and safe loading.
+
+A checkpoint is written to a temporary file in the target folder and moved into place with
+os.replace, so a crash (SIGKILL, power loss) leaves either the old file or the new one, never a
+half-written file under the real name. Loading uses torch.load(weights_only=True): only tensors and
+plain Python containers are accepted, so a checkpoint from an untrusted source cannot run code.
+"""
+import os
+import pickle
+import tempfile
+import zipfile
+
+import torch
+
+from ..errors import CheckpointError
+
+
+def save_checkpoint(state, path):
+    """Write ``state`` (tensors and plain containers only) to ``path`` atomically.
+
+    The parent folder is created. The data is fsync'ed before the rename so the new name never
+    points at unwritten blocks.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return path
+
+
+def load_checkpoint(path, map_location="cpu"):
+    """Load a checkpoint with ``weights_only=True``; clear :class:`CheckpointError` on failure.
+
+    Missing file, truncated/corrupt file and files holding arbitrary Python objects each get a
+    message saying what was wrong and what to do.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint not found: {os.path.abspath(path)} (check the path; a run writes "
+                              f"<run dir>/checkpoints/last.pt and best.pt).")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "weights_only" in str(e) or "Weights only" in str(e):
+            raise CheckpointError(
+                f"refusing to load {path}: it holds Python objects other than tensors and plain containers, "
+                f"which torch.load(weights_only=True) rejects because unpickling them can run arbitrary code. "
+                f"Re-save it as a plain state_dict, or load it yourself with weights_only=False only if you "
+                f"trust its source. Detail: {str(e).splitlines()[0]}") from None
+        raise CheckpointError(f"cannot read checkpoint {path}: it is corrupt or not a torch file ({e}).") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
+        raise CheckpointError(
+            f"cannot read checkpoint {path} ({os.path.getsize(path)} bytes): it is truncated or corrupt "
+            f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). If it is a run's last.pt, use best.pt "
+            f"or an earlier copy; checkpoints written by this repo are atomic, so this usually means the file "
+            f"was damaged after writing or copied incompletely.") from None
+
+
+def _listing(title, items, limit=12):
+    shown = [f"    {x}" for x in items[:limit]]
+    if len(items) > limit:
+        shown.append(f"    ... and {len(items) - limit} more")
+    return [f"  {title} ({len(items)}):"] + shown
+
+
+def load_weights(model, state_dict, source="checkpoint", hint=""):
+    """load_state_dict(strict) with a readable error listing missing, unexpected and mis-shaped keys.
+
+    `source` names the file in the message; `hint` says what to try (e.g. which override picks the model).
+    """
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    misshaped = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
+                 for k, v in state_dict.items() if k in expected and tuple(v.shape) != tuple(expected[k].shape)]
+    if missing or unexpected or misshaped:
+        lines = [f"{source} does not fit the model {type(model).__name__} "
+                 f"({len(state_dict)} tensors in the checkpoint, {len(expected)} in the model):"]
+        for title, items in (("missing in the checkpoint", missing), ("unexpected in the checkpoint", unexpected),
+                             ("mis-shaped", misshaped)):
+            if items:
+                lines += _listing(title, items)
+        if hint:
+            lines.append(hint)
+        raise CheckpointError("\n".join(lines))
+    model.load_state_dict(state_dict)
+    return model

@@ -1,0 +1,58 @@
+"""Official AdderNet checkpoints (huawei-noah/AdderNet) and their mapping onto our models.
+
+The official files (ResNet20-AdderNet.pth for CIFAR-10, ResNet50-AdderNet.pth for ImageNet) are
+plain state_dicts saved from nn.DataParallel: every key starts with `module.`, adder weights are
+called `adder` (an adder bias `b`), and they use the legacy (pre-1.6) serialisation with CUDA
+storages, which load_checkpoint reads with map_location and weights_only=True. Our models keep the
+official module names (addernet/models), so mapping is a rename; no official code is needed.
+"""
+from collections import OrderedDict
+from collections.abc import Mapping
+
+import torch
+
+from ..ops import Adder2d
+from .io import CheckpointError, _listing, load_weights
+
+
+def is_official(obj):
+    """True for a bare state_dict (a non-empty mapping of names to tensors), as the official files are.
+
+    Our own checkpoints are dicts holding `model`, `config`, ... (non-tensor values), so they never match.
+    """
+    return (isinstance(obj, Mapping) and len(obj) > 0
+            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
+
+
+def official_to_ours(state_dict):
+    """Rename official keys to ours: drop `module.`, `<adder>.adder` -> `.weight`, `<adder>.b` -> `.bias`."""
+    keys = [k[len("module."):] if k.startswith("module.") else k for k in state_dict]
+    adders = {k[:-len(".adder")] for k in keys if k.endswith(".adder")}
+    out = OrderedDict()
+    for key, value in zip(keys, state_dict.values()):
+        module, _, name = key.rpartition(".")
+        if name == "adder":
+            key = f"{module}.weight"
+        elif name == "b" and module in adders:
+            key = f"{module}.bias"
+        out[key] = value
+    return out
+
+
+def load_official(model, state_dict, source="checkpoint", hint=""):
+    """Map an official state_dict onto `model` (see official_to_ours) and load it, checked.
+
+    Besides names and shapes, every official `adder` tensor must land in an Adder2d: an adder checkpoint
+    loaded into the CNN twin (model.layer=conv) has the same names and shapes but would compute nonsense.
+    """
+    state = official_to_ours(state_dict)
+    modules = dict(model.named_modules())
+    adders = sorted({k[len("module."):] if k.startswith("module.") else k for k in state_dict
+                     if k.endswith(".adder")})
+    wrong = [k[:-len(".adder")] for k in adders if k[:-len(".adder")] in modules
+             and not isinstance(modules[k[:-len(".adder")]], Adder2d)]
+    if wrong:
+        raise CheckpointError("\n".join([f"{source} holds adder weights, but the model builds these layers as "
+                                         f"{type(modules[wrong[0]]).__name__}, not Adder2d:"] + _listing(
+                                             "non-adder layers", wrong)[1:] + ([hint] if hint else [])))
+    return load_weights(model, state, source, hint)

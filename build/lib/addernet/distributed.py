@@ -1,0 +1,89 @@
+"""torchrun helpers: initialise from the environment torchrun sets, rank/world queries, reductions.
+
+Nothing here launches processes: ``torchrun`` (torch.distributed.run) does that and sets RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; :func:`init_distributed` reads them through
+torch.distributed.init_process_group. Outside torchrun every helper degrades to the
+single-process answer, so callers never branch on "distributed or not".
+"""
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def env_world_size():
+    """World size torchrun announced in the environment (1 when not launched by torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def env_rank():
+    """Global rank from the environment (0 when not launched by torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def init_distributed(device_type="cpu"):
+    """Join the torchrun process group if WORLD_SIZE > 1: NCCL for CUDA, gloo for CPU.
+
+    Returns the device this process should use: ``cuda:LOCAL_RANK`` when device_type is "cuda",
+    else the CPU. Idempotent.
+    """
+    device = torch.device("cpu")
+    if device_type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    if env_world_size() > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    return device
+
+
+def is_distributed():
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def get_rank():
+    return dist.get_rank() if is_distributed() else 0
+
+
+def get_world_size():
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def is_main():
+    """True on the one process that writes files and logs (global rank 0)."""
+    return get_rank() == 0
+
+
+def barrier():
+    if is_distributed():
+        dist.barrier()
+
+
+def all_reduce_sum(tensor):
+    """Sum ``tensor`` in place over all ranks (no-op on one process); returns it."""
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def any_rank(flag, device="cpu"):
+    """True if ``flag`` is true on any rank (used to stop every rank at the same step)."""
+    if not is_distributed():
+        return bool(flag)
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def broadcast_object(obj, src=0):
+    """Rank ``src``'s ``obj`` on every rank (picklable objects only)."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def cleanup():
+    """Leave the process group (call once at the end of the job)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

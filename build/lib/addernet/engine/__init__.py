@@ -1,0 +1,19 @@
+"""The engine: config checks, the epoch loop, the fit driver, resume state, run outputs, meters, evaluation.
+
+config.py    validation of the composed config; the device and model builders every entry point shares
+evaluate.py  the step helpers shared by training and evaluation; evaluation over a sharded loader
+loop.py      one epoch of training steps, with host checks only every trainer.log_every steps
+fit.py       ``train(cfg, run_dir)``: builds the run, resumes it, runs the epochs, tracks the best
+resume.py    loop position, RNG states, the SIGTERM flag, restoring from last.pt
+outputs.py   train.log, metrics.jsonl, TensorBoard events and hparams (rank 0)
+meters.py    exact running sums of loss, accuracy and named loss parts
+eval_run.py  ``test.py``'s logic: stored-config merge, checkpoint loading, the report
+"""
+from ..errors import ConfigError, NonFiniteLoss, Preempted
+from .config import check_config, check_eval_config, device_type, model_from_config
+from .evaluate import evaluate
+from .fit import train
+from .meters import MetricSums, topk_correct
+
+__all__ = ["ConfigError", "MetricSums", "NonFiniteLoss", "Preempted", "check_config", "check_eval_config",
+           "device_type", "evaluate", "model_from_config", "topk_correct", "train"]

@@ -1,0 +1,209 @@
+"""The driver: ``train(cfg, run_dir)`` builds the run, resumes it, runs the epochs, tracks the best.
+
+Order at every epoch end, for crash safety: events and metrics first (a replayed epoch purges /
+rewrites them), then best.pt, then last.pt (the commit point). ``last.pt`` is written atomically,
+so a run killed at any moment resumes by replaying the interrupted epoch; with
+trainer.deterministic=true on CPU it ends with exactly the metrics of an uninterrupted run.
+"""
+import logging
+import os
+import random
+import signal
+import time
+
+import torch
+import torch.nn as nn
+from omegaconf import OmegaConf
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from .. import distributed as dist
+from ..checkpoint import save_checkpoint, training_checkpoint
+from ..data import build_dataset, build_loader
+from ..errors import ConfigError, Preempted
+from ..optim import AdaptiveLR, build_optimizer, build_scheduler
+from .config import check_config, device_type, model_from_config
+from .evaluate import evaluate
+from .loop import train_epoch
+from .meters import MetricSums
+from .outputs import RunOutputs, extra_keys, setup_logging
+from .resume import StopFlag, fresh_state, restore, resume_path
+
+log = logging.getLogger("addernet.train")
+
+
+def train(cfg, run_dir):
+    """Train as ``cfg`` says, writing everything into ``run_dir`` (rank 0 only); returns a summary dict.
+
+    ``run_dir`` is Hydra's ``hydra.runtime.output_dir``; under torchrun rank 0's dir is used by all.
+    Raises an AdderNetError subclass for user mistakes (ConfigError, DataError, CheckpointError),
+    Preempted after SIGTERM and NonFiniteLoss on a NaN/inf loss (train.py turns them into a message
+    and the error's exit code).
+    """
+    check_config(cfg)
+    if cfg.trainer.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
+    device = dist.init_distributed(device_type(cfg))
+    if str(cfg.trainer.device).startswith("cuda:") and not dist.is_distributed():
+        device = torch.device(str(cfg.trainer.device))
+    try:
+        run = Run(cfg, _shared_run_dir(run_dir), device)
+        old_handler = signal.signal(signal.SIGTERM, run.stop)
+        restore_logging = setup_logging(run.run_dir, run.main)
+        try:
+            with logging_redirect_tqdm(loggers=[logging.getLogger("addernet")]):
+                return run.fit()
+        finally:
+            signal.signal(signal.SIGTERM, old_handler)
+            restore_logging()
+    finally:
+        dist.cleanup()
+
+
+def _shared_run_dir(run_dir):
+    """Every rank uses rank 0's run dir; a rank's own (empty) Hydra dir from a different second is removed."""
+    mine = os.path.abspath(run_dir)
+    shared = dist.broadcast_object(mine)
+    if shared != mine:
+        try:
+            os.rmdir(mine)  # only succeeds when empty: nothing of value is ever removed
+        except OSError:
+            pass
+    return shared
+
+
+class Run:
+    """One training run: its config, built objects and loop state (what the loop functions share)."""
+
+    def __init__(self, cfg, run_dir, device):
+        self.cfg, self.run_dir, self.device = cfg, run_dir, device
+        self.rank, self.world, self.main = dist.get_rank(), dist.get_world_size(), dist.is_main()
+        self.ckpt_dir = os.path.join(run_dir, "checkpoints")
+        self.seed, self.epochs, self.amp = int(cfg.trainer.seed), int(cfg.trainer.epochs), cfg.trainer.amp or "off"
+        self.stop, self.state, self.pending_rng = StopFlag(), fresh_state(), None
+        self.memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
+        if self.main:
+            os.makedirs(self.ckpt_dir, exist_ok=True)
+        dist.barrier()
+
+    def build(self):
+        """Model, task, data, optimizer, schedule, scaler, adaptive LR, DDP (a wrong model fails before data)."""
+        from ..tasks import build_task
+        cfg, device = self.cfg, self.device
+        model = model_from_config(cfg)
+        if cfg.trainer.sync_bn and dist.is_distributed():
+            if device.type == "cpu":
+                raise ConfigError("trainer.sync_bn=true needs CUDA (torch's SyncBatchNorm does not run on CPU); "
+                                  "use trainer.sync_bn=false for CPU runs.")
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.model = model.to(device=device, memory_format=self.memory_format)
+        log.info("model %s (%s): %d parameters", cfg.model.name, cfg.model.layer,
+                 sum(p.numel() for p in model.parameters()))
+        self.task = build_task(self.model, cfg)
+        self.task.setup(device, self.amp, self.memory_format)
+        self.train_loader, self.val_loader = (
+            build_loader(cfg.data, split, build_dataset(cfg.data, split), rank=self.rank, world_size=self.world,
+                         seed=self.seed) for split in ("train", "val"))
+        log.info("data %s: %d train / %d val images, global batch %d", cfg.data.name,
+                 len(self.train_loader.dataset), len(self.val_loader.dataset.dataset), cfg.data.batch_size)
+        self.optimizer = build_optimizer(cfg.optim, self.task.param_groups())
+        self.scheduler = build_scheduler(cfg.sched, self.optimizer, self.epochs)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp == "fp16")
+        self.adaptive = (AdaptiveLR(self.model, float(cfg.adaptive_lr.eta)).attach(self.optimizer)
+                         if cfg.adaptive_lr.enabled else None)
+        if dist.is_distributed():
+            self.task.distribute(lambda m: nn.parallel.DistributedDataParallel(
+                m, device_ids=[device.index] if device.type == "cuda" else None))
+        self.sums = MetricSums(device)
+
+    def checkpoint(self, step, sums, rng):
+        """The full training state; ``rng`` holds every rank's RNG states for a mid-epoch resume."""
+        s = self.state
+        return training_checkpoint(
+            model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict(), epoch=s["epoch"], step=step,
+            best_top1=s["best_top1"], best_epoch=s["best_epoch"], history=s["history"],
+            train_sums=sums.state_dict(), rng=rng, config=self.resolved, world_size=self.world,
+            task=self.task.state_dict())
+
+    def fit(self):
+        cfg = self.cfg
+        torch.use_deterministic_algorithms(bool(cfg.trainer.deterministic), warn_only=True)
+        torch.backends.cudnn.benchmark = not cfg.trainer.deterministic
+        torch.manual_seed(self.seed + self.rank)
+        random.seed(self.seed + self.rank)
+        self.resolved = OmegaConf.to_container(cfg, resolve=True)
+        if self.main:
+            OmegaConf.save(cfg, os.path.join(self.run_dir, "config.yaml"), resolve=True)
+        log.info("run dir %s | %d process(es) | device %s | amp %s", self.run_dir, self.world, self.device, self.amp)
+        self.build()
+        path = resume_path(cfg, self.ckpt_dir)
+        if path:
+            self.pending_rng = restore(self, path)
+        self.outputs = RunOutputs(self.run_dir, self.main, self.state["epoch"] if path else None)
+        self.outputs.rewrite_metrics(self.state["history"])
+        for epoch in range(self.state["epoch"], self.epochs):
+            self.run_epoch(epoch)
+        return self.finish()
+
+    def run_epoch(self, epoch):
+        """Train, validate, record, save; a SIGTERM that came after the last step check stops here."""
+        t0, lr = time.perf_counter(), self.optimizer.param_groups[0]["lr"]
+        start_step, self.state["step"] = min(self.state["step"], len(self.train_loader)), 0
+        if not start_step:
+            self.sums = MetricSums(self.device)
+        seen, seconds = train_epoch(self, epoch, start_step)
+        train = self.sums.all_reduce().compute()
+        val = evaluate(self.task.net, self.val_loader, self.device, amp=self.amp,
+                       channels_last=bool(self.cfg.trainer.channels_last))
+        record = {"epoch": epoch + 1, "lr": lr, "train_loss": train["loss"], "train_top1": train["top1"],
+                  "val_loss": val["loss"], "val_top1": val["top1"], "val_top5": val["top5"], "val_n": val["n"]}
+        record.update({f"train_{k}": v for k, v in train.items() if k not in ("loss", "top1", "top5", "n")})
+        for name, extra in self.task.eval_models().items():
+            other = evaluate(extra, self.val_loader, self.device, amp=self.amp,
+                             channels_last=bool(self.cfg.trainer.channels_last))
+            record.update({f"{name}_val_{k}": other[k] for k in ("loss", "top1", "top5")})
+        self.scheduler.step()
+        record.update({"epoch_seconds": time.perf_counter() - t0, "images_per_s": seen / max(seconds, 1e-9),
+                       "val_images_per_s": val["images_per_s"]})
+        self.end_epoch(epoch, record)
+
+    def end_epoch(self, epoch, record):
+        s = self.state
+        s["epoch"] = epoch + 1
+        improved = record["val_top1"] > s["best_top1"]
+        if improved:
+            s["best_top1"], s["best_epoch"] = record["val_top1"], epoch + 1
+        s["history"].append(record)
+        extras = "".join(f" | {k} {record[k]:.4f}" for k in extra_keys(record))
+        log.info("epoch %d/%d lr %.5f | train loss %.4f top1 %.2f | val loss %.4f top1 %.2f top5 %.2f (n=%d) | "
+                 "%.1fs %.0f img/s | best %.2f @%d%s", epoch + 1, self.epochs, record["lr"], record["train_loss"],
+                 record["train_top1"], record["val_loss"], record["val_top1"], record["val_top5"], record["val_n"],
+                 record["epoch_seconds"], record["images_per_s"], s["best_top1"], s["best_epoch"], extras)
+        if self.main:
+            hist_every = int(self.cfg.trainer.hist_every)
+            self.outputs.write_epoch(record, self.adaptive.alphas if self.adaptive else {}, self.model,
+                                     histograms=epoch == 0 or (epoch + 1) % hist_every == 0 or epoch + 1 == self.epochs)
+            final = self.checkpoint(0, MetricSums(), None)
+            if improved:
+                save_checkpoint(final, os.path.join(self.ckpt_dir, "best.pt"))
+            save_checkpoint(final, os.path.join(self.ckpt_dir, "last.pt"))
+        dist.barrier()
+        if epoch + 1 < self.epochs and dist.any_rank(self.stop.requested, self.device):
+            self.outputs.close()
+            raise Preempted(f"stopped by SIGTERM after epoch {epoch + 1}; saved "
+                            f"{os.path.join(self.ckpt_dir, 'last.pt')}. Re-run with hydra.run.dir={self.run_dir} "
+                            f"to resume (or trainer.resume=<that file>).")
+
+    def finish(self):
+        s, cfg = self.state, self.cfg
+        last = s["history"][-1] if s["history"] else {}
+        if self.main:
+            hparams = {"model": cfg.model.name, "layer": cfg.model.layer, "data": cfg.data.name, "task": cfg.task.name,
+                       "epochs": self.epochs, "batch_size": int(cfg.data.batch_size), "lr": float(cfg.optim.lr),
+                       "weight_decay": float(cfg.optim.weight_decay), "adaptive_lr": bool(cfg.adaptive_lr.enabled),
+                       "eta": float(cfg.adaptive_lr.eta), "amp": self.amp, "seed": self.seed, "world_size": self.world}
+            self.outputs.close(hparams, {"hparam/best_top1": s["best_top1"],
+                                         "hparam/final_top1": last.get("val_top1", float("nan"))})
+            log.info("done: best val top1 %.2f at epoch %d; run dir %s", s["best_top1"], s["best_epoch"], self.run_dir)
+        return {"best_top1": s["best_top1"], "best_epoch": s["best_epoch"], "epochs": s["epoch"], "final": last,
+                "run_dir": self.run_dir}

@@ -1,0 +1,2 @@
+"""Adder kernels, one module per backend, all with forward(...) and grad_input(...):
+cpu (compiled C, built by build.py), eager (chunked PyTorch), triton (CUDA)."""

@@ -1,0 +1,247 @@
+/* Body of the adder CPU kernels, included by adder_cpu.c once per element type T (suffix SUF,
+ * integer type IT of the same width, VL lanes per vector). Shape vector `s` (int64):
+ *   0 N, 1 C, 2 H, 3 W, 4 G, 5 Cg (in channels per group), 6 Og (out channels per group),
+ *   7 kh, 8 kw, 9 sh, 10 sw, 11 ph, 12 pw, 13 dh, 14 dw, 15 Ho, 16 Wo,
+ *   17 Cgp (channels per group in the padded scratch, >= Cg), 18 Opad (Og rounded up to VL).
+ * Tensor strides (xs, ys, gs, gxs) are in elements, so NCHW and channels-last both work. */
+
+typedef T FN(vec_t) __attribute__((vector_size(VBYTES)));
+typedef IT FN(ivec_t) __attribute__((vector_size(VBYTES)));
+#define VEC FN(vec_t)
+#define IVEC FN(ivec_t)
+
+#ifndef VMIN /* portable select fallback (no AVX): slower but correct on any target */
+#define VMIN(a, b) ((VEC)((((IVEC)((a) < (b))) & (IVEC)(a)) | (~((IVEC)((a) < (b))) & (IVEC)(b))))
+#define VMAX(a, b) ((VEC)((((IVEC)((a) > (b))) & (IVEC)(a)) | (~((IVEC)((a) > (b))) & (IVEC)(b))))
+#endif
+
+static inline VEC FN(ld)(const T *p) { VEC v; memcpy(&v, p, sizeof v); return v; }
+static inline void FN(st)(T *p, VEC v) { memcpy(p, &v, sizeof v); }
+static inline VEC FN(vabs)(VEC v) {
+    const IVEC m = (IVEC){0} + (IT)(((uint64_t)1 << (8 * sizeof(T) - 1)) - 1);
+    return (VEC)((IVEC)v & m);
+}
+
+/* Copy one image (x already offset to it) into zero-padded channels-last scratch
+ * buf[Hp][Wp][G][Cgp]; channels Cg..Cgp-1 of each group stay zero. */
+static void FN(pad_image)(const T *x, const int64_t *xs, const int64_t *s, T *buf) {
+    const int64_t H = s[2], W = s[3], G = s[4], Cg = s[5], ph = s[11], pw = s[12], Cgp = s[17];
+    const int64_t Wp = W + 2 * pw, Ct = G * Cgp;
+    memset(buf, 0, sizeof(T) * (size_t)((H + 2 * ph) * Wp * Ct));
+    /* transpose in blocks of 16 pixels so that both sides touch few cache lines (a plain
+     * channel-major or pixel-major loop thrashes L1 on 4 KiB-strided NCHW planes) */
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t w0 = 0; w0 < W; w0 += 16) {
+            const int64_t w1 = W - w0 < 16 ? W : w0 + 16;
+            T *bp = buf + ((h + ph) * Wp + pw) * Ct;
+            for (int64_t g = 0; g < G; g++)
+                for (int64_t c = 0; c < Cg; c++) {
+                    const T *xc = x + (g * Cg + c) * xs[1] + h * xs[2];
+                    for (int64_t w = w0; w < w1; w++) bp[w * Ct + g * Cgp + c] = xc[w * xs[3]];
+                }
+        }
+}
+
+/* Per-pixel offsets, computed once per call: xo[q] into the padded scratch and to[q] into the
+ * output / output-gradient tensor (strides ts) for q < L = Ho*Wo; entries L..L+P-1 repeat the
+ * last pixel so the micro-kernels can always read a full tile. Returns xo; to = xo + L + P. */
+static int64_t *FN(pixel_offsets)(const int64_t *s, const int64_t *ts, int P) {
+    const int64_t Wp = s[3] + 2 * s[12], Ct = s[4] * s[17], Wo = s[16], L = s[15] * Wo;
+    int64_t *xo = malloc(sizeof(int64_t) * 2 * (size_t)(L + P));
+    if (!xo) return NULL;
+    for (int64_t q = 0; q < L + P; q++) {
+        const int64_t r = q < L ? q : L - 1, oy = r / Wo, ox = r % Wo;
+        xo[q] = (oy * s[9] * Wp + ox * s[10]) * Ct;
+        xo[L + P + q] = oy * ts[2] + ox * ts[3];
+    }
+    return xo;
+}
+
+/* Forward micro-kernel: acc[p][v] = sum_{i,j,c} |x - w| for P pixels x V*VL output channels.
+ * The abs-difference is accumulated directly (sub, abs, add): the cheaper rewrite
+ * 2 max(x, w) - x - w cancels large sums and loses ~10x float32 accuracy. */
+static inline __attribute__((always_inline)) void FN(fwd_tile)(
+    const T *buf, const int64_t *off, const T *wt, const int64_t *s, int64_t ob, VEC (*out)[2],
+    const int P, const int V) {
+    const int64_t Cg = s[5], kh = s[7], kw = s[8];
+    const int64_t Wp = s[3] + 2 * s[12], Ct = s[4] * s[17];
+    const int64_t di = s[13] * Wp * Ct, dj = s[14] * Ct;
+    VEC acc[FWD_P1][2];
+#pragma GCC unroll 32
+    for (int p = 0; p < P; p++)
+#pragma GCC unroll 2
+        for (int v = 0; v < V; v++) out[p][v] = (VEC){0};
+    for (int64_t i = 0; i < kh; i++)
+        for (int64_t j = 0; j < kw; j++) {
+            const T *xb = buf + i * di + j * dj;
+            const T *wb = wt + ob * kh * kw * Cg + (i * kw + j) * Cg * V * VL;
+            /* two-level sum: registers over at most FWD_KC channels, then into `out`, so that
+             * rounding grows with FWD_KC + K/FWD_KC terms instead of K (matches the unfold
+             * reference's accuracy) for one extra add per FWD_KC steps */
+            for (int64_t c0 = 0; c0 < Cg; c0 += FWD_KC) {
+                const int64_t c1 = Cg - c0 < FWD_KC ? Cg : c0 + FWD_KC;
+#pragma GCC unroll 32
+                for (int p = 0; p < P; p++)
+#pragma GCC unroll 2
+                    for (int v = 0; v < V; v++) acc[p][v] = (VEC){0};
+                for (int64_t c = c0; c < c1; c++) {
+                    VEC wv[2];
+#pragma GCC unroll 2
+                    for (int v = 0; v < V; v++) wv[v] = FN(ld)(wb + (c * V + v) * VL);
+#pragma GCC unroll 32
+                    for (int p = 0; p < P; p++) {
+                        const VEC xv = xb[off[p] + c] - (VEC){0}; /* broadcast (x - 0 folds away) */
+#pragma GCC unroll 2
+                        for (int v = 0; v < V; v++) acc[p][v] += FN(vabs)(xv - wv[v]);
+                    }
+                }
+#pragma GCC unroll 32
+                for (int p = 0; p < P; p++)
+#pragma GCC unroll 2
+                    for (int v = 0; v < V; v++) out[p][v] += acc[p][v];
+            }
+        }
+}
+
+/* y = -acc for the n valid pixels and the valid channels of this block. */
+static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *to, T *y,
+                               const int64_t *ys, const int64_t *s, int64_t ob) {
+    const int64_t no = s[6] - ob < V * VL ? s[6] - ob : V * VL; /* valid channels in this block */
+    for (int64_t k = 0; k < no; k++) {
+        T *yo = y + (ob + k) * ys[1];
+        for (int64_t p = 0; p < n; p++) yo[to[p]] = -acc[p][k / VL][k % VL];
+    }
+}
+
+/* y[n0:n1, :, pixels q0:q1] = -sum |xpad - w|. wt is the weight packed per group as blocks of
+ * 2*VL output channels (the last block VL wide when Opad is an odd multiple of VL), each block
+ * [kh][kw][Cg][block width] and starting at element ob*K of the group (zero in Og..Opad-1);
+ * y is written through strides ys. Returns 0, or 1 when scratch memory cannot be allocated. */
+int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const int64_t *ys,
+                      const int64_t *s, int64_t n0, int64_t n1, int64_t q0, int64_t q1) {
+    const int64_t G = s[4], Cg = s[5], Og = s[6], kh = s[7], kw = s[8], Opad = s[18];
+    const int64_t Hp = s[2] + 2 * s[11], Wp = s[3] + 2 * s[12], Ct = G * s[17];
+    const int64_t K = kh * kw * Cg, L = s[15] * s[16];
+    T *buf = malloc(sizeof(T) * (size_t)(Hp * Wp * Ct) + 64);
+    int64_t *xo = FN(pixel_offsets)(s, ys, FWD_P1);
+    if (!buf || !xo) { free(buf); free(xo); return 1; }
+    const int64_t *to = xo + L + FWD_P1;
+    VEC acc[FWD_P1][2];
+    for (int64_t n = n0; n < n1; n++) {
+        FN(pad_image)(x + n * xs[0], xs, s, buf);
+        for (int64_t g = 0; g < G; g++) {
+            const T *wg = wt + g * K * Opad, *bg = buf + g * s[17];
+            T *yg = y + n * ys[0] + g * Og * ys[1];
+            int64_t ob = 0;
+            for (; ob + 2 * VL <= Opad; ob += 2 * VL)
+                for (int64_t q = q0; q < q1; q += FWD_P2) {
+                    FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P2, 2);
+                    FN(fwd_tile_store)(acc, 2, q1 - q < FWD_P2 ? q1 - q : FWD_P2, to + q, yg, ys, s, ob);
+                }
+            for (; ob < Opad; ob += VL)
+                for (int64_t q = q0; q < q1; q += FWD_P1) {
+                    FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P1, 1);
+                    FN(fwd_tile_store)(acc, 1, q1 - q < FWD_P1 ? q1 - q : FWD_P1, to + q, yg, ys, s, ob);
+                }
+        }
+    }
+    free(xo);
+    free(buf);
+    return 0;
+}
+
+/* Input-gradient micro-kernel for GIN_P pixels x VL channels at one kernel tap:
+ * acc[p] = sum_o g[p, o] * clamp(w[o, c] - x[p, c], -1, 1), added into the padded grad buffer.
+ * The clamp is computed on w - x directly (sub, max, min, fma): the cheaper rewrite
+ * clamp(w, x - 1, x + 1) - x cancels against x * sum_o g and loses float32 accuracy. */
+static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, const T *wb,
+                         const T *gt, int64_t Og) {
+    VEC xv[GIN_P], acc[GIN_P];
+    const VEC one = (VEC){0} + 1, mone = (VEC){0} - 1;
+#pragma GCC unroll 32
+    for (int p = 0; p < GIN_P; p++) {
+        xv[p] = FN(ld)(xb + off[p]);
+        acc[p] = (VEC){0};
+    }
+    for (int64_t o = 0; o < Og; o++) {
+        const VEC wv = FN(ld)(wb + o * VL);
+        const T *go = gt + o * GIN_P;
+#pragma GCC unroll 32
+        for (int p = 0; p < GIN_P; p++) acc[p] += go[p] * VMIN(VMAX(wv - xv[p], mone), one);
+    }
+    for (int64_t p = 0; p < n; p++) FN(st)(gb + off[p], FN(ld)(gb + off[p]) + acc[p]);
+}
+
+/* gx[n0:n1] = input gradient. w2 is the weight packed [G][kh][kw][Cgp/VL][Og][VL] (zero channel
+ * padding), so a tile streams one contiguous block of it; g and gx are read / written through
+ * strides gs / gxs. Returns 0, or 1 when scratch memory cannot be allocated. */
+int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
+                         const int64_t *gs, T *gx, const int64_t *gxs, const int64_t *s,
+                         int64_t n0, int64_t n1) {
+    const int64_t H = s[2], W = s[3], G = s[4], Cg = s[5], Og = s[6], kh = s[7], kw = s[8];
+    const int64_t ph = s[11], pw = s[12], Cgp = s[17];
+    const int64_t Hp = H + 2 * ph, Wp = W + 2 * pw, Ct = G * Cgp, L = s[15] * s[16];
+    const int64_t di = s[13] * Wp * Ct, dj = s[14] * Ct, wo = kh * kw * Cgp;
+    const size_t img = (size_t)(Hp * Wp * Ct);
+    T *buf = malloc(sizeof(T) * (2 * img + (size_t)(Og * GIN_P)) + 64);
+    int64_t *xo = FN(pixel_offsets)(s, gs, GIN_P);
+    if (!buf || !xo) { free(buf); free(xo); return 1; }
+    const int64_t *go = xo + L + GIN_P;
+    T *gbuf = buf + img, *gt = gbuf + img;
+    for (int64_t n = n0; n < n1; n++) {
+        FN(pad_image)(x + n * xs[0], xs, s, buf);
+        memset(gbuf, 0, sizeof(T) * img);
+        for (int64_t gr = 0; gr < G; gr++) {
+            const T *gg = g + n * gs[0] + gr * Og * gs[1];
+            for (int64_t q = 0; q < L; q += GIN_P) {
+                const int64_t m = L - q < GIN_P ? L - q : GIN_P;
+                for (int64_t o = 0; o < Og; o++) /* pack g[tile, o]; zero past the tail */
+                    for (int p = 0; p < GIN_P; p++) gt[o * GIN_P + p] = p < m ? gg[o * gs[1] + go[q + p]] : 0;
+                for (int64_t i = 0; i < kh; i++)
+                    for (int64_t j = 0; j < kw; j++)
+                        for (int64_t cv = 0; cv < Cgp; cv += VL) {
+                            const int64_t base = gr * Cgp + i * di + j * dj + cv;
+                            FN(gin_tile)(buf + base, gbuf + base, xo + q, m,
+                                         w2 + gr * Og * wo + ((i * kw + j) * Cgp + cv) * Og, gt, Og);
+                        }
+            }
+        }
+        for (int64_t h = 0; h < H; h++) /* copy the interior out, blocked as in pad_image */
+            for (int64_t w0 = 0; w0 < W; w0 += 16) {
+                const int64_t w1 = W - w0 < 16 ? W : w0 + 16;
+                const T *bp = gbuf + ((h + ph) * Wp + pw) * Ct;
+                for (int64_t gr = 0; gr < G; gr++)
+                    for (int64_t c = 0; c < Cg; c++) {
+                        T *gc = gx + n * gxs[0] + (gr * Cg + c) * gxs[1] + h * gxs[2];
+                        for (int64_t w = w0; w < w1; w++) gc[w * gxs[3]] = bp[w * Ct + gr * Cgp + c];
+                    }
+            }
+    }
+    free(xo);
+    free(buf);
+    return 0;
+}
+
+/* The same over R ranges r[4k..4k+3] = (n0, n1, q0, q1) / r[2k..2k+1] = (n0, n1), in parallel on
+ * OpenMP's threads (torch's runtime, see build.py); serial when built without OpenMP. */
+int FN(adder_forward_ranges)(const T *x, const int64_t *xs, const T *wt, T *y, const int64_t *ys,
+                             const int64_t *s, const int64_t *r, int64_t R, int nt) {
+    int err = 0;
+#pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(| : err)
+    for (int64_t k = 0; k < R; k++)
+        err |= FN(adder_forward)(x, xs, wt, y, ys, s, r[4 * k], r[4 * k + 1], r[4 * k + 2], r[4 * k + 3]);
+    return err;
+}
+
+int FN(adder_grad_input_ranges)(const T *x, const int64_t *xs, const T *w2, const T *g,
+                                const int64_t *gs, T *gx, const int64_t *gxs, const int64_t *s,
+                                const int64_t *r, int64_t R, int nt) {
+    int err = 0;
+#pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(| : err)
+    for (int64_t k = 0; k < R; k++)
+        err |= FN(adder_grad_input)(x, xs, w2, g, gs, gx, gxs, s, r[2 * k], r[2 * k + 1]);
+    return err;
+}
+
+#undef VEC
+#undef IVEC

@@ -1,0 +1,135 @@
+"""Fast CPU backend: the compiled C kernel (adder_cpu.c) with the batch split across threads.
+
+The threads are torch's own OpenMP workers (the kernel links the libgomp torch loaded, see
+build.py): a separate pool would compete with those workers, which spin-wait after every torch
+op, and measured no faster than one thread. Built without OpenMP, a Python thread pool runs the
+ranges instead (ctypes releases the GIL). float16/bfloat16 are computed in float32 and cast back.
+"""
+import ctypes
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.nn.functional as F
+
+from .build import load_library
+
+_KERNEL_DTYPES = {torch.float32: "_f", torch.float64: "_d"}
+_pool = (None, 0, 0)  # (executor, workers, pid)
+SERIAL_WORK = 1 << 20
+
+
+@functools.lru_cache(maxsize=None)
+def _lib():
+    lib = load_library()
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    for suf in _KERNEL_DTYPES.values():
+        getattr(lib, "adder_forward" + suf).argtypes = [p, p, p, p, p, p, i64, i64, i64, i64]
+        getattr(lib, "adder_grad_input" + suf).argtypes = [p, p, p, p, p, p, p, p, i64, i64]
+        getattr(lib, "adder_forward_ranges" + suf).argtypes = [p, p, p, p, p, p, p, i64, ctypes.c_int]
+        getattr(lib, "adder_grad_input_ranges" + suf).argtypes = [p, p, p, p, p, p, p, p, p, i64, ctypes.c_int]
+        for name in ("adder_forward", "adder_grad_input", "adder_forward_ranges", "adder_grad_input_ranges"):
+            getattr(lib, name + suf).restype = ctypes.c_int
+    lib.adder_vbytes.restype = ctypes.c_int
+    return lib
+
+
+def available():
+    """Build/load the kernel now; raises build.BuildError when it cannot be built."""
+    _lib()
+    return True
+
+
+def _run(fn, dt, args, ranges, work):
+    """Run kernel `fn` for dtype `dt` over `ranges` in parallel, raising on failure;
+    on one thread when there is one range or too little work (`work` ~ abs-differences)."""
+    global _pool
+    lib, suf = _lib(), _KERNEL_DTYPES[dt]
+    workers = 1 if len(ranges) == 1 or work < SERIAL_WORK else torch.get_num_threads()
+    if lib.adder_openmp():
+        flat = [v for r in ranges for v in r]
+        status = [getattr(lib, fn + "_ranges" + suf)(*args, _arr(flat), len(ranges), workers)]
+    elif workers == 1:
+        status = [getattr(lib, fn + suf)(*args, *r) for r in ranges]
+    else:
+        jobs = [functools.partial(getattr(lib, fn + suf), *args, *r) for r in ranges]
+        pool, n, pid = _pool
+        if pool is None or n != workers or pid != os.getpid():  # a forked child needs its own threads
+            pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="adder")
+            _pool = (pool, workers, os.getpid())
+        status = [f.result() for f in [pool.submit(job) for job in jobs]]
+    if any(status):
+        raise MemoryError("adder CPU kernel could not allocate its per-image scratch buffer")
+
+
+def _arr(values):
+    return (ctypes.c_int64 * len(values))(*values)
+
+
+def _shape(x, w, stride, padding, dilation, groups, cpad):
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    vl = _lib().adder_vbytes() // x.element_size()
+    og = o // groups
+    cgp = -(-cg // vl) * vl if cpad else cg
+    opad = -(-og // vl) * vl
+    return [n, c, h, wd, groups, cg, og, kh, kw, *stride, *padding, *dilation, ho, wo, cgp, opad]
+
+
+def _splits(total, parts):
+    step = -(-total // parts)
+    return [(a, min(a + step, total)) for a in range(0, total, step)]
+
+
+def _compute_dtype(t):
+    return t.dtype if t.dtype in _KERNEL_DTYPES else torch.float32
+
+
+def forward(x, w, stride, padding, dilation, groups):
+    """y = -sum|x - w| (no bias), shape (N, Cout, Ho, Wo), contiguous."""
+    dt = _compute_dtype(x)
+    xk, wk = x.to(dt), w.to(dt)
+    s = _shape(xk, wk, stride, padding, dilation, groups, cpad=False)
+    vl = _lib().adder_vbytes() // xk.element_size()
+    G, Cg, Og, kh, kw, ho, wo, opad = s[4], s[5], s[6], s[7], s[8], s[15], s[16], s[18]
+    K = Cg * kh * kw
+    wt = wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 3, 4, 2, 1).reshape(G, K, Og)
+    wt = F.pad(wt, (0, opad - Og))
+    full = opad // (2 * vl) * (2 * vl)  # blocks of 2*vl output channels, [K][block] each; see adder_cpu.c
+    blocks = wt[..., :full].reshape(G, K, full // (2 * vl), 2 * vl).transpose(1, 2)
+    wt = torch.cat([blocks.reshape(G, -1), wt[..., full:].reshape(G, -1)], 1).contiguous()
+    y = torch.empty(s[0], w.shape[0], ho, wo, dtype=dt)
+    if y.numel() == 0:
+        return y.to(x.dtype)
+    sa, xs, ys = _arr(s), _arr(xk.stride()), _arr(y.stride())
+    workers = torch.get_num_threads()
+    if s[0] >= workers:
+        ranges = [(a, b, 0, ho * wo) for a, b in _splits(s[0], workers)]
+    else:  # small batch: split each image's output pixels instead
+        ranges = [(n, n + 1, a, b) for n in range(s[0]) for a, b in _splits(ho * wo, workers)]
+    args = (xk.data_ptr(), xs, wt.data_ptr(), y.data_ptr(), ys, sa)
+    _run("adder_forward", dt, args, ranges, y.numel() * wk[0].numel())
+    return y.to(x.dtype)
+
+
+def grad_input(x, w, grad_out, stride, padding, dilation, groups):
+    """grad_x = sum over the outputs each input touches of g * HardTanh(w - x); contiguous."""
+    dt = _compute_dtype(x)
+    xk, wk, gk = x.to(dt), w.to(dt), grad_out.to(dt)
+    s = _shape(xk, wk, stride, padding, dilation, groups, cpad=True)
+    G, Cg, Og, kh, kw, cgp = s[4], s[5], s[6], s[7], s[8], s[17]
+    vl = _lib().adder_vbytes() // xk.element_size()
+    w2 = F.pad(wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 1, 3, 4, 2), (0, cgp - Cg))
+    # [G][kh][kw][Cgp/vl][Og][vl]: a kernel tile streams one contiguous block
+    w2 = w2.reshape(G, Og, kh, kw, cgp // vl, vl).permute(0, 2, 3, 4, 1, 5).contiguous()
+    gx = torch.empty(x.shape, dtype=dt)
+    if gx.numel() == 0 or gk.numel() == 0:
+        return gx.zero_().to(x.dtype)
+    args = (xk.data_ptr(), _arr(xk.stride()), w2.data_ptr(), gk.data_ptr(), _arr(gk.stride()),
+            gx.data_ptr(), _arr(gx.stride()), _arr(s))
+    _run("adder_grad_input", dt, args, _splits(s[0], torch.get_num_threads()),
+         gk.numel() * wk[0].numel())
+    return gx.to(x.dtype)

@@ -1,0 +1,37 @@
+"""Training methods as tasks (``task=<name>``): the loop is the same for all, a method is one module.
+
+``build_task(model, cfg)`` picks the class named by ``cfg.task.name``: a name of TASKS, or a dotted
+path ``package.module.ClassName`` to any TrainingTask subclass (a method kept outside the package).
+"""
+import importlib
+
+from ..errors import ConfigError
+from .base import TrainingTask, unwrap
+from .classification import ClassificationTask
+
+TASKS = {"classification": ClassificationTask}
+
+
+def task_class(name):
+    """The TrainingTask subclass for ``task.name`` (ConfigError listing the known names)."""
+    if name in TASKS:
+        return TASKS[name]
+    module, _, attr = str(name).rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr) if module else None
+    except (ImportError, AttributeError):
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, TrainingTask)):
+        raise ConfigError(f"task.name={name!r} is not a training task; choose task=<one of "
+                          f"{', '.join(TASKS)}> or give the dotted path of a TrainingTask subclass.")
+    return cls
+
+
+def build_task(model, cfg):
+    """The task of ``cfg.task`` around ``model`` (validated first)."""
+    cls = task_class(cfg.task.name)
+    cls.check_config(cfg.task, cfg)
+    return cls(model, cfg.task, cfg)
+
+
+__all__ = ["TASKS", "ClassificationTask", "TrainingTask", "build_task", "task_class", "unwrap"]

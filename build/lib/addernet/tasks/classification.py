@@ -1,0 +1,11 @@
+"""Supervised classification with cross-entropy: the paper's training method (the default task)."""
+from ..engine.evaluate import logits_and_loss
+from .base import TrainingTask
+
+
+class ClassificationTask(TrainingTask):
+    """loss = CE(model(images), target); no extra modules, no extra parts."""
+
+    def forward(self, images, target):
+        logits, loss = logits_and_loss(self.net, images, target, self.amp)
+        return {"loss": loss, "output": logits}

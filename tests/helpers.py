@@ -1,0 +1,139 @@
+"""Test helpers: tiny datasets written in real on-disk formats, config composition, train.py runs.
+
+Imported by the test modules (``from helpers import ...``); pytest fixtures live in conftest.py.
+"""
+import hashlib
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+CIFAR_SAMPLE = SHARED / "cifar10-test-sample"
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+def _md5(path):
+    return hashlib.md5(Path(path).read_bytes()).hexdigest()
+
+
+def write_cifar10(root, n_train=40, n_test=37, seed=0):
+    """Write a tiny CIFAR-10 in the real python format (root/cifar-10-batches-py, pickled dicts).
+
+    Returns {"train": (uint8 images N x 32 x 32 x 3, labels), "test": (...), "md5": {filename: md5}};
+    the training images are split over data_batch_1..5 like the real dataset.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    folder = Path(root) / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    out, md5 = {}, {}
+    for split, n in (("train", n_train), ("test", n_test)):
+        images = rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8)
+        labels = [int(x) for x in rng.integers(0, 10, size=n)]
+        out[split] = (images, labels)
+        flat = images.transpose(0, 3, 1, 2).reshape(n, 3072)  # CIFAR rows: R plane, G plane, B plane
+        parts = np.array_split(np.arange(n), 5) if split == "train" else [np.arange(n)]
+        for i, idx in enumerate(parts):
+            name = f"data_batch_{i + 1}" if split == "train" else "test_batch"
+            entry = {"batch_label": name, "labels": [labels[j] for j in idx], "data": flat[idx],
+                     "filenames": [f"{j}.png" for j in idx]}
+            (folder / name).write_bytes(pickle.dumps(entry, protocol=2))
+            md5[name] = _md5(folder / name)
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": CIFAR10_CLASSES, "num_vis": 3072,
+                                                        "num_cases_per_batch": 10000}, protocol=2))
+    md5["batches.meta"] = _md5(folder / "batches.meta")
+    out["md5"] = md5
+    return out
+
+
+def trust_cifar10_md5(monkeypatch, md5):
+    """Make torchvision's CIFAR10 integrity check accept the files written by write_cifar10 (this process only).
+
+    torchvision compares every file with the md5 of the real release; the test supplies the checksums of
+    the files it wrote instead, so the real check stays in force for real data.
+    """
+    from torchvision.datasets import CIFAR10
+
+    monkeypatch.setattr(CIFAR10, "train_list", [[f"data_batch_{i}", md5[f"data_batch_{i}"]] for i in range(1, 6)])
+    monkeypatch.setattr(CIFAR10, "test_list", [["test_batch", md5["test_batch"]]])
+    monkeypatch.setattr(CIFAR10, "meta", {**CIFAR10.meta, "md5": md5["batches.meta"]})
+
+
+def write_jpeg_folder(root, n_per_class, classes=CIFAR10_CLASSES[:4], size=32, seed=0):
+    """An ImageFolder tree root/<class>/<i>.jpg of random-colour JPEGs; returns the number of images."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for c in classes:
+        (Path(root) / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n_per_class):
+            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(Path(root) / c / f"{i}.jpg")
+    return n_per_class * len(classes)
+
+
+def compose(overrides=()):
+    """Compose configs/train.yaml with ``overrides`` through Hydra's compose API."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return hydra_compose(config_name="train", overrides=list(overrides))
+
+
+def run_train(args, timeout=300, env=None, script=("train.py",), **popen):
+    """Run ``python train.py args...`` from the repo root; returns CompletedProcess (text)."""
+    cmd = [sys.executable, *script] if script[0].endswith(".py") else list(script)
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run(cmd + list(args), cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=full_env, **popen)
+
+
+def metrics_without_timing(path):
+    """metrics.jsonl records with the wall-clock fields removed (those legitimately differ run to run)."""
+    import json
+
+    timing = {"epoch_seconds", "images_per_s", "val_images_per_s"}
+    return [{k: v for k, v in json.loads(line).items() if k not in timing}
+            for line in Path(path).read_text().splitlines()]
+
+
+# ---------------------------------------------------------------- test-only training tasks (task.name=helpers.X)
+import torch  # noqa: E402
+
+from addernet.tasks import ClassificationTask  # noqa: E402
+
+
+class L2PenaltyTask(ClassificationTask):
+    """Cross-entropy plus ``task.weight`` * (sum of squared model weights), reported as parts ``ce`` and ``l2``."""
+
+    def forward(self, images, target):
+        out = super().forward(images, target)
+        l2 = sum((p.float() ** 2).sum() for p in self.model.parameters())
+        weight = float(self.cfg.get("weight", 1e-3))
+        return {"loss": out["loss"] + weight * l2, "output": out["output"], "ce": out["loss"].detach(),
+                "l2": (weight * l2).detach()}
+
+
+class AuxHeadTask(ClassificationTask):
+    """Cross-entropy plus a trained auxiliary linear head on the logits: a task that owns a trainable module."""
+
+    trainable = ("head",)
+
+    def __init__(self, model, cfg, full_cfg=None):
+        super().__init__(model, cfg, full_cfg)
+        classes = int(full_cfg.data.num_classes)
+        torch.manual_seed(1234)
+        self.head = torch.nn.Linear(classes, classes)
+
+    def extra_modules(self):
+        return {"head": self.head}
+
+    def forward(self, images, target):
+        out = super().forward(images, target)
+        aux = torch.nn.functional.cross_entropy(self.extra_net("head")(out["output"]), target)
+        return {"loss": out["loss"] + aux, "output": out["output"], "aux": aux.detach()}
