@@ -8,6 +8,9 @@ reproduces it bit for bit.
 
 Validation gives each rank the indices rank, rank+world, ... in order: every sample is seen by
 exactly one rank, with no padding, so summed counts are exact.
+
+data.on_device=true returns a DeviceLoader (device_loader.py) instead: the same shuffle, shards,
+drop rule and seeding, with the augmentation done in batches on the training device.
 """
 import random
 
@@ -15,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from .datasets import DataError, build_dataset
+from .device_loader import build_device_loader
 
 
 def _split_batch(data_cfg, world_size):
@@ -25,14 +29,18 @@ def _split_batch(data_cfg, world_size):
     return batch // world_size
 
 
-def build_loader(data_cfg, split, dataset=None, *, rank=0, world_size=1, seed=0):
+def build_loader(data_cfg, split, dataset=None, *, rank=0, world_size=1, seed=0, device=None):
     """DataLoader for ``split`` over ``dataset`` (default: build_dataset(data_cfg, split)), this rank's share.
 
     ``data.batch_size`` is the global batch (the paper's 256), split evenly across processes.
+    With data.on_device=true: a DeviceLoader holding the split on ``device`` (default CPU).
     """
     if dataset is None:
         dataset = build_dataset(data_cfg, split)
     per_rank = _split_batch(data_cfg, world_size)
+    if data_cfg.get("on_device", False):
+        return build_device_loader(data_cfg, split, dataset, per_rank=per_rank, rank=rank, world_size=world_size,
+                                   seed=seed, device=device)
     common = dict(num_workers=int(data_cfg.num_workers),
                   pin_memory=bool(data_cfg.pin_memory) and torch.cuda.is_available(),  # no-op without a GPU
                   generator=torch.Generator().manual_seed(int(seed)))
@@ -51,9 +59,26 @@ def epoch_seed(seed, epoch, rank=0):
 
 
 def seed_epoch(loader, seed, epoch, rank=0):
-    """Make this epoch's data order and augmentation a pure function of (seed, epoch, rank)."""
+    """Make this epoch's data order and augmentation a pure function of (seed, epoch, rank).
+
+    Works for a DataLoader and a DeviceLoader alike (both have .sampler and .generator).
+    """
     s = epoch_seed(seed, epoch, rank)
     loader.sampler.set_epoch(epoch)  # shuffle: (seed, epoch), identical on every rank
     loader.generator.manual_seed(s)  # worker base seed for this epoch's iterator
     torch.manual_seed(s)  # augmentation in the main process (num_workers=0), any model randomness
     random.seed(s)
+
+
+def iter_from(loader, step):
+    """An iterator over ``loader``'s current epoch that starts at batch ``step`` (mid-epoch resume).
+
+    A DeviceLoader slices its epoch's draws (skipped batches cost nothing); a DataLoader loads and
+    discards the first ``step`` batches, the only way to keep its random stream.
+    """
+    if hasattr(loader, "iter_from"):
+        return loader.iter_from(step)
+    batches = iter(loader)
+    for _ in range(step):
+        next(batches)
+    return batches

@@ -1,0 +1,59 @@
+"""trainer.compile (addernet/compile.py): a compiled ResNet-20 AdderNet computes what the eager one does.
+
+float64, so that equality is tested to 1e-9 rather than to float32 rounding: in float32 the compiled
+BatchNorm reductions round differently and a ReLU input near 0 can flip, which moves single gradient
+entries by ~1e-3 of the largest one (legitimately). aot_eager checks graph capture and AOT autograd
+around the adder custom ops; inductor (C++ codegen on CPU, Triton on a GPU) is what trainer.compile uses.
+"""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from addernet import AdaptiveLR
+from addernet.compile import compile_model
+from addernet.models import build_model
+
+
+def _step(model, x, target):
+    model.zero_grad(set_to_none=True)
+    logits = model(x).flatten(1)
+    F.cross_entropy(logits, target).backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_resnet20_matches_eager(monkeypatch, backend):
+    monkeypatch.setenv("ADDERNET_BACKEND", "fast")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = build_model("resnet20", layer="adder").double().train()
+    compiled = copy.deepcopy(eager)
+    keys = list(eager.state_dict())
+    assert compile_model(compiled, True, backend=backend, fullgraph=True) is compiled
+    x, target = torch.randn(4, 3, 32, 32, dtype=torch.float64), torch.randint(0, 10, (4,))
+
+    for _ in range(2):  # the second call runs the cached graph; BN running stats move twice in both
+        want_logits, want_grads = _step(eager, x, target)
+        logits, grads = _step(compiled, x, target)
+        torch.testing.assert_close(logits, want_logits, rtol=1e-9, atol=1e-9)
+        assert grads.keys() == want_grads.keys()
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, want_grads[name], rtol=1e-9, atol=1e-9, msg=name)
+    for (name, p), q in zip(compiled.state_dict().items(), eager.state_dict().values()):
+        torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-9, msg=name)  # BN running stats updated alike
+    # in place: same class, same state_dict keys (checkpoints interchangeable), same adder layers for AdaptiveLR
+    assert type(compiled) is type(eager) and list(compiled.state_dict()) == keys
+    assert AdaptiveLR(compiled).names == AdaptiveLR(eager).names
+    torch._dynamo.reset()
+
+
+def test_compile_off_leaves_the_model_alone():
+    model = build_model("resnet20", layer="conv")
+    forward = model.forward
+    assert compile_model(model, False) is model and model.forward == forward
+    assert getattr(model, "_compiled_call_impl", None) is None
+    with pytest.raises(ValueError, match="trainer.compile must be true or false, got 'yes'"):
+        compile_model(model, "yes")
