@@ -83,16 +83,12 @@ else  # CIFAR-sized random images
 fi
 COMMON=(model=resnet20 "trainer.epochs=$EPOCHS" "trainer.device=${GPU_CHECK_DEVICE:-cuda}" trainer.progress=false
         trainer.log_every=1000000 trainer.hist_every=1000000 trainer.seed=0)
-COMPILE_WIRED=1
-grep -rq "compile_model" addernet/engine/ || COMPILE_WIRED=0
 echo "=== [4/4] training throughput: train.py ${DATA[0]} ${DATA[1]}, $EPOCHS epoch(s) per job, $(left) s left"
-[ "$COMPILE_WIRED" = 1 ] || echo "NOTE: addernet/engine/ does not call compile_model: the compile=on jobs are skipped"
 DONE=()
 # In order of importance: the fastest adder configuration decides the 400-epoch target.
 for job in adder_device_on adder_device_off adder_loader_off conv_device_off conv_loader_off \
            adder_loader_on conv_device_on conv_loader_on; do
     IFS=_ read -r layer data comp <<< "$job"
-    if [ "$comp" = on ] && [ "$COMPILE_WIRED" = 0 ]; then continue; fi
     args=("model.layer=$layer" "data.on_device=$([ "$data" = device ] && echo true || echo false)"
           "trainer.compile=$([ "$comp" = on ] && echo true || echo false)")
     if [ "$layer" = conv ]; then args+=(adaptive_lr.enabled=false); fi

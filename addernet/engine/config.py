@@ -52,6 +52,8 @@ def check_config(cfg):
     check_sched(cfg.sched, int(cfg.trainer.epochs))
     if cfg.adaptive_lr.enabled:
         number(cfg.adaptive_lr, "eta", "adaptive_lr.eta", positive=True)
+    if not isinstance(cfg.trainer.get("compile", False), bool):
+        raise ConfigError(f"trainer.compile must be true or false, got {cfg.trainer.compile!r}.")
 
 
 def device_type(cfg):

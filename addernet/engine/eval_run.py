@@ -130,7 +130,7 @@ def evaluate_checkpoint(cfg, overrides):
     model = _load_model(cfg, path, state, stored, kind).to(device=device, memory_format=memory_format)
     if device.type != "cuda" and cfg.data.get("pin_memory"):
         cfg.data.pin_memory = False  # pinning needs an accelerator; avoids DataLoader's warning on CPU
-    loader = build_loader(cfg.data, "val", rank=dist.get_rank(), world_size=dist.get_world_size())
+    loader = build_loader(cfg.data, "val", rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)
     if dist.is_main():
         where = cfg.data.get("val_dir") or cfg.data.get("root")
         print(f"checkpoint {path} [{kind}]\nmodel {cfg.model.name} ({cfg.model.layer}) | data {cfg.data.name} "

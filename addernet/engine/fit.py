@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import distributed as dist
+from ..compile import compile_model
 from ..checkpoint import save_checkpoint, training_checkpoint
 from ..data import build_dataset, build_loader
 from ..errors import ConfigError, Preempted
@@ -95,14 +96,15 @@ class Run:
                 raise ConfigError("trainer.sync_bn=true needs CUDA (torch's SyncBatchNorm does not run on CPU); "
                                   "use trainer.sync_bn=false for CPU runs.")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        self.model = model.to(device=device, memory_format=self.memory_format)
+        self.model = compile_model(model.to(device=device, memory_format=self.memory_format),
+                                   bool(cfg.trainer.get("compile", False)))
         log.info("model %s (%s): %d parameters", cfg.model.name, cfg.model.layer,
                  sum(p.numel() for p in model.parameters()))
         self.task = build_task(self.model, cfg)
         self.task.setup(device, self.amp, self.memory_format)
         self.train_loader, self.val_loader = (
             build_loader(cfg.data, split, build_dataset(cfg.data, split), rank=self.rank, world_size=self.world,
-                         seed=self.seed) for split in ("train", "val"))
+                         seed=self.seed, device=device) for split in ("train", "val"))
         log.info("data %s: %d train / %d val images, global batch %d", cfg.data.name,
                  len(self.train_loader.dataset), len(self.val_loader.dataset.dataset), cfg.data.batch_size)
         self.optimizer = build_optimizer(cfg.optim, self.task.param_groups())

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from .. import distributed as dist
 from ..checkpoint import save_checkpoint
-from ..data import seed_epoch
+from ..data import iter_from, seed_epoch
 from ..errors import NonFiniteLoss, Preempted
 from .evaluate import to_device
 from .resume import gather_rng, set_rng_state
@@ -79,9 +79,7 @@ def train_epoch(run, epoch, start_step):
     """Train one epoch from ``start_step`` (a mid-epoch resume); returns (images seen by all ranks, seconds)."""
     seed_epoch(run.train_loader, run.seed, epoch, run.rank)
     run.task.train()
-    batches = iter(run.train_loader)
-    for _ in range(start_step):  # mid-epoch resume: replay the data stream up to the saved step
-        next(batches)
+    batches = iter_from(run.train_loader, start_step)  # mid-epoch resume: the data stream from the saved step
     if run.pending_rng is not None:
         set_rng_state(run.pending_rng)
         run.pending_rng = None
