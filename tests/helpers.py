@@ -3,8 +3,10 @@
 Imported by the test modules (``from helpers import ...``); pytest fixtures live in conftest.py.
 """
 import hashlib
+import logging
 import os
 import pickle
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +76,21 @@ def write_jpeg_folder(root, n_per_class, classes=CIFAR10_CLASSES[:4], size=32, s
         for i in range(n_per_class):
             Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(Path(root) / c / f"{i}.jpg")
     return n_per_class * len(classes)
+
+
+class SigtermOn(logging.Handler):
+    """Sends this process SIGTERM when a log message contains ``text`` (a pre-emption at a known step).
+
+    Add it to the ``addernet.train`` logger; the trainer's own SIGTERM path then runs at that step.
+    """
+
+    def __init__(self, text):
+        super().__init__()
+        self.text = text
+
+    def emit(self, record):
+        if self.text in record.getMessage():
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def compose(overrides=()):

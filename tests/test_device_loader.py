@@ -1,10 +1,7 @@
 """data.on_device=true (addernet/data/device_loader.py): torchvision's crop/flip distributions, exactness against a
 per-image reference of the same draws, resume by slicing, exact sharding, and train.py end to end."""
 import logging
-import os
-import signal
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +13,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 from addernet.checkpoint import load_checkpoint
 from addernet.data import DataError, DeviceLoader, build_loader, epoch_seed, iter_from, seed_epoch
 from addernet.engine import Preempted, train
+from helpers import SigtermOn as _SigtermOn
 from helpers import compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10, write_jpeg_folder
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
@@ -200,18 +198,6 @@ def test_train_py_and_test_py_on_device(tmp_path, jpeg_cifar):
     res = run_train([f"checkpoint={run / 'checkpoints' / 'last.pt'}"], script=("test.py",))
     assert res.returncode == 0, res.stderr[-3000:]
     assert f'"top1": {record["val_top1"]}' in res.stdout.splitlines()[-1]
-
-
-class _SigtermOn(logging.Handler):
-    """SIGTERM this process when a log line contains ``text`` (the trainer's own pre-emption path)."""
-
-    def __init__(self, text):
-        super().__init__()
-        self.text = text
-
-    def emit(self, record):
-        if self.text in record.getMessage():
-            os.kill(os.getpid(), signal.SIGTERM)
 
 
 @pytest.mark.slow

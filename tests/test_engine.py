@@ -3,8 +3,6 @@ host synchronisation, optimizer/schedule factories, and the error hierarchy."""
 import json
 import logging
 import math
-import os
-import signal
 import traceback
 
 import pytest
@@ -15,7 +13,7 @@ from addernet import errors
 from addernet.checkpoint import load_checkpoint
 from addernet.engine import loop, train
 from addernet.optim import build_optimizer, build_scheduler
-from helpers import compose, metrics_without_timing
+from helpers import SigtermOn as _SigtermOn, compose, metrics_without_timing
 
 FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false"]
 LENET_FAKE = ["data=fake", "model=lenet5_bn", "data.image_size=28", "data.in_channels=1", "data.mean=[0.5]",
@@ -65,16 +63,6 @@ def test_a_task_module_adds_its_parts_to_metrics_tensorboard_and_log(tmp_path):
     norm = {name: sum(float((v.float() ** 2).sum()) for k, v in load_checkpoint(
         tmp_path / name / "checkpoints" / "last.pt")["model"].items() if k.endswith("weight")) for name in ("l2", "plain")}
     assert norm["l2"] < 0.9 * norm["plain"]
-
-
-class _SigtermOn(logging.Handler):
-    def __init__(self, text):
-        super().__init__()
-        self.text = text
-
-    def emit(self, record):
-        if self.text in record.getMessage():
-            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def test_a_task_owned_module_trains_is_checkpointed_and_resumes_exactly(tmp_path):

@@ -1,4 +1,5 @@
 """The package installs with pip (pyproject.toml) and works from any directory, its C kernel sources included."""
+import shutil
 import subprocess
 import sys
 
@@ -9,8 +10,12 @@ from helpers import REPO
 
 @pytest.mark.slow
 def test_pip_installed_wheel_imports_and_runs_from_another_directory(tmp_path):
-    wheels, site = tmp_path / "wheels", tmp_path / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
+    wheels, site, src = tmp_path / "wheels", tmp_path / "site", tmp_path / "src"
+    src.mkdir()  # build from a copy: setuptools writes build/ into the source tree
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    shutil.copytree(REPO / "addernet", src / "addernet", ignore=shutil.ignore_patterns("__pycache__"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(src)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     [wheel] = wheels.glob("addernet-*.whl")

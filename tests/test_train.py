@@ -2,8 +2,6 @@
 import json
 import logging
 import math
-import os
-import signal
 
 import pytest
 from omegaconf import OmegaConf
@@ -13,6 +11,7 @@ from addernet import AdaptiveLR, Adder2d
 from addernet.checkpoint import load_checkpoint
 from addernet.data import build_loader
 from addernet.engine import NonFiniteLoss, Preempted, evaluate, model_from_config, train
+from helpers import SigtermOn as _SigtermOn
 from helpers import compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10
 
 METRIC_KEYS = {"epoch", "lr", "train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "val_n",
@@ -111,19 +110,6 @@ def test_user_errors_exit_with_a_message_not_a_traceback(tmp_path, args, message
     proc = run_train(args, timeout=120)
     assert proc.returncode != 0
     assert message.format(tmp=tmp_path) in proc.stderr and "Traceback" not in proc.stderr
-
-
-
-class _SigtermOn(logging.Handler):
-    """Sends this process SIGTERM when a log message contains ``text`` (a pre-emption at a known step)."""
-
-    def __init__(self, text):
-        super().__init__()
-        self.text = text
-
-    def emit(self, record):
-        if self.text in record.getMessage():
-            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def test_sigterm_mid_epoch_then_resume_from_explicit_path_in_a_new_dir(tmp_path):
