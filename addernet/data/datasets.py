@@ -77,6 +77,10 @@ def class_names(dataset):
     return [str(c) for c in names] if names is not None else None
 
 
+def _names(items):
+    return (", ".join(map(repr, items[:6])) + (" ..." if len(items) > 6 else "")) or "nothing"
+
+
 def check_classes(expected, dataset, source, fix):
     """DataError unless ``dataset``'s class names are ``expected`` (when both are known), position by position."""
     found = class_names(dataset)
@@ -84,12 +88,11 @@ def check_classes(expected, dataset, source, fix):
         return
     ds = getattr(dataset, "dataset", dataset)
     where = getattr(ds, "root", type(ds).__name__)
-    diff = [f"{f!r} where {source} has {e!r}" for e, f in zip(expected, found) if e != f]
-    if len(found) != len(expected):
-        diff.append(f"{len(found)} classes where {source} has {len(expected)}")
-    raise DataError(f"the classes of {where} do not match {source}: {'; '.join(diff[:4])}"
-                    f"{' ...' if len(diff) > 4 else ''}. Labels are the positions of the sorted class names, so "
-                    f"this would silently score the wrong classes; {fix}.")
+    extra, missing = [c for c in found if c not in expected], [c for c in expected if c not in found]
+    detail = (f"{where} has {_names(extra)} where {source} has {_names(missing)}" if extra or missing
+              else "the same names in another order")
+    raise DataError(f"the classes of {where} do not match {source}: {detail}. Labels are the positions of the "
+                    f"sorted class names, so this would silently score the wrong classes; {fix}.")
 
 
 def _expected_files(cls, root):
