@@ -63,7 +63,7 @@ def plot(runs, out):
                     ax.plot(x, y, style, color=c, marker="o", markersize=3, label=f"{label} {split}")
         ax.set_title(title)
         ax.set_xlabel("epoch")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # whole epochs, even for one
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")

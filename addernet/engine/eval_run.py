@@ -109,10 +109,10 @@ def _load_model(cfg, path, state, stored, kind):
     hint = (f"The model was built from model={cfg.model.name} model.layer={cfg.model.layer} data.num_classes="
             f"{cfg.data.num_classes}{origin}; pick the checkpoint's architecture with model=<name> "
             f"(configs/model/), model.layer=adder|conv and the matching data=<dataset>.")
-    fix = "evaluate it with the model it was trained as (drop the model override)"
-    check_stored_model(cfg, stored, path, ("layer",), fix)  # same tensor names: loading alone cannot tell
     (load_official if kind == OFFICIAL else load_weights)(model, state, source=path, hint=hint)
-    check_stored_model(cfg, stored, path, ("name",), fix)
+    # adder and conv twins have the same tensor names and shapes: loading alone cannot tell them apart
+    check_stored_model(cfg, stored, path, ("name", "layer"),
+                       "evaluate it with the model it was trained as (drop the model override)")
     return model
 
 
