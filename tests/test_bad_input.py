@@ -103,6 +103,20 @@ def test_test_py_refuses_an_adder_checkpoint_as_conv(tmp_path, monkeypatch):
         evaluate_checkpoint(cfg, args)
 
 
+@pytest.mark.skipif(not OFFICIAL_R20.is_file(), reason=f"official checkpoint not found at {OFFICIAL_R20}")
+def test_converted_official_checkpoint_as_conv_is_refused(tmp_path, monkeypatch):
+    """The issue's reproduction: scripts/convert_official.py, then test.py ... model.layer=conv."""
+    r20 = tmp_path / "r20.pt"
+    r = run_train([str(OFFICIAL_R20), str(r20)], script=("scripts/convert_official.py",), timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert load_checkpoint(r20)["classes"] == CIFAR10_CLASSES
+    monkeypatch.setattr(eval_run, "evaluate", lambda *a, **k: pytest.fail("evaluated the wrong model"))
+    cfg, args = _eval_cfg(r20, "model.layer=conv")
+    with pytest.raises(ConfigError, match=r"r20.pt was trained as a different model: model.layer=conv \(trained as "
+                                          r"model.layer=adder\)"):
+        evaluate_checkpoint(cfg, args)
+
+
 def test_resume_with_the_other_layer_is_refused_and_keeps_the_config(tmp_path):
     run = tmp_path / "run"
     train(compose(FAKE + ["trainer.epochs=1"]), str(run))
