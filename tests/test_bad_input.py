@@ -383,7 +383,7 @@ def test_read_only_run_dir_is_one_message(tmp_path, monkeypatch):
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
-    monkeypatch.setattr(rundir, "open", read_only, raising=False)  # as root, chmod cannot make a dir read-only
+    monkeypatch.setattr(rundir.os, "open", read_only)  # as root, chmod cannot make a dir read-only
     with pytest.raises(ConfigError, match=f"cannot write to the run dir {tmp_path} \\(Read-only file system\\); "
                                           f"make it writable or choose another one with hydra.run.dir="):
         train(compose(FAKE + ["trainer.epochs=1"]), str(tmp_path))

@@ -117,6 +117,10 @@ def reschedule(run, planned):
     same epoch (e.g. cosine: eta_min + (lr - eta_min) * (1 + cos(pi * epoch / new_epochs)) / 2), so
     extending a finished 2-epoch cosine run to 3 trains epoch 3 at lr/4, not at 0.
     """
+    if run.state["epoch"] >= run.epochs:
+        log.warning("the checkpoint already has %d epoch(s), trainer.epochs=%d: nothing left to train",
+                    run.state["epoch"], run.epochs)
+        return
     for group in run.optimizer.param_groups:
         group["lr"] = group["initial_lr"]
     run.scheduler = build_scheduler(run.cfg.sched, run.optimizer, run.epochs)

@@ -24,34 +24,61 @@ def _unwritable(run_dir, e):
                        f"another one with hydra.run.dir=/path/to/run.")
 
 
+class RunDirLock:
+    """The open, locked <run dir>/.lock; ``close()`` releases it (so does the end of the process).
+
+    A forked child (a DataLoader worker) shares the lock through its copy of the descriptor and would
+    keep the run dir locked after the main process was killed; children close their copy at once.
+    """
+
+    held = set()  # descriptors this process holds a run-dir lock on
+
+    def __init__(self, fd):
+        self.fd = fd
+        RunDirLock.held.add(fd)
+
+    def close(self):
+        if self.fd is not None:
+            RunDirLock.held.discard(self.fd)
+            os.close(self.fd)
+            self.fd = None
+
+
+def _close_inherited_locks():
+    for fd in RunDirLock.held:
+        os.close(fd)
+    RunDirLock.held = set()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
+
+
 def lock_run_dir(run_dir):
-    """The open ``<run dir>/.lock``, exclusively locked (closing it or exiting releases the lock).
+    """A RunDirLock: an exclusive flock on ``<run dir>/.lock``, held until closed or the process exits.
 
     RunDirBusy at once when another run holds it; ConfigError when the run dir is not writable.
     """
     path = os.path.join(run_dir, LOCK)
     try:
         os.makedirs(run_dir, exist_ok=True)
-        f = open(path, "a+")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         raise _unwritable(run_dir, e) from None
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "unknown"
-        f.close()
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
         raise RunDirBusy(f"the run dir {run_dir} is in use by another training run (pid {holder} holds {path}); "
                          f"wait for it to finish, or start this run in another dir with hydra.run.dir=...") from None
+    lock = RunDirLock(fd)
     try:
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     except OSError as e:
-        f.close()
+        lock.close()
         raise _unwritable(run_dir, e) from None
-    return f
+    return lock
 
 
 def remove_stale_temporaries(run_dir):
