@@ -232,8 +232,8 @@ class Run:
         if epoch + 1 < self.epochs and dist.any_rank(self.stop.requested, self.device):
             self.outputs.close()
             raise self.stop.error(f"stopped by {self.stop.name} after epoch {epoch + 1}; saved "
-                            f"{os.path.join(self.ckpt_dir, 'last.pt')}. Re-run with hydra.run.dir={self.run_dir} "
-                            f"to resume (or trainer.resume=<that file>).")
+                                  f"{os.path.join(self.ckpt_dir, 'last.pt')}. Re-run with hydra.run.dir="
+                                  f"{self.run_dir} to resume (or trainer.resume=<that file>).")
 
     def finish(self):
         s, cfg = self.state, self.cfg
