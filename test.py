@@ -30,6 +30,9 @@ def main(cfg):
     except (AdderNetError, OmegaConfBaseException) as e:
         print(f"test.py: error: {e}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 2))
+    except KeyboardInterrupt:
+        print("test.py: interrupted", file=sys.stderr)
+        sys.exit(130)
     finally:
         dist.cleanup()
 

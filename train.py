@@ -25,6 +25,10 @@ def main(cfg):
     except (AdderNetError, OmegaConfBaseException) as e:
         print(f"train.py: {'' if isinstance(e, Preempted) else 'error: '}{e}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 2))
+    except KeyboardInterrupt:  # a second Ctrl-C (the first one saves and exits 130 through Interrupted)
+        print("train.py: interrupted twice: stopped at once without saving the current epoch; "
+              "checkpoints/last.pt (if any) is intact.", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Each subclass carries the process exit code its entry point uses: 2 for a mistake in the command or
 its inputs, 3 for a training run that diverged, 143 for a pre-empted run (128 + SIGTERM, what
-schedulers expect). The message always says what was wrong and what to do.
+schedulers expect), 130 for a run stopped by Ctrl-C (128 + SIGINT). The message always says what was wrong and what to do.
 """
 
 
@@ -29,7 +29,7 @@ class BuildError(AdderNetError, RuntimeError):
 
 
 class NonFiniteLoss(AdderNetError, RuntimeError):
-    """The loss became NaN/inf; the last good checkpoint is left untouched."""
+    """The loss, the validation loss or the model state became NaN/inf; nothing non-finite is ever saved."""
 
     exit_code = 3
 
@@ -38,3 +38,9 @@ class Preempted(AdderNetError, RuntimeError):
     """SIGTERM arrived: last.pt was saved after the current step; the run exits non-zero."""
 
     exit_code = 143
+
+
+class Interrupted(Preempted):
+    """SIGINT (Ctrl-C) arrived: handled like SIGTERM (last.pt saved), exit code 128 + SIGINT."""
+
+    exit_code = 130

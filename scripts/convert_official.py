@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from addernet.checkpoint import FORMAT_VERSION, CheckpointError, load_checkpoint, save_checkpoint
-from addernet.checkpoint.official import is_official, load_official, official_to_ours
+from addernet.checkpoint.official import OFFICIAL_CLASSES, is_official, load_official, official_to_ours
 from addernet.engine import ConfigError, model_from_config
 from addernet.models import MODELS
 
@@ -46,9 +46,11 @@ def convert(src, dst, model, layer, data):
     config = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in ("model", "data")}
     load_official(model_from_config(OmegaConf.create(config)), ckpt, source=src,
                   hint="Pick the checkpoint's architecture with --model (and --layer/--data).")
-    return save_checkpoint({"format_version": FORMAT_VERSION, "model": official_to_ours(ckpt), "config": config,
-                            "source": {"file": os.path.basename(src), "sha256": sha256(src),
-                                       "converted_by": "scripts/convert_official.py"}}, dst)
+    out = {"format_version": FORMAT_VERSION, "model": official_to_ours(ckpt), "config": config,
+           "source": {"file": os.path.basename(src), "sha256": sha256(src), "converted_by": "scripts/convert_official.py"}}
+    if model in OFFICIAL_CLASSES and data == "cifar10":  # the class names the official weights were trained on
+        out["classes"] = OFFICIAL_CLASSES[model]
+    return save_checkpoint(out, dst)
 
 
 def main(argv=None):

@@ -2,9 +2,11 @@
 
     python scripts/count_ops.py model=resnet20                  # AdderNet ResNet-20, CIFAR-10 input
     python scripts/count_ops.py model=resnet20 model.layer=conv # its CNN twin
-    python scripts/count_ops.py model=resnet50 data=imagenet    # ImageNet models at 224x224
+    python scripts/count_ops.py model=resnet50                  # ImageNet models at 224x224
+    python scripts/count_ops.py model=resnet50 data=cifar10     # ... or at another dataset's input
 
-The input is one image at the resolution and channel count of the `data` config; counting runs
+The input is one image at the resolution and channel count of the `data` config, which defaults to
+the model's own dataset (CIFAR models: cifar10, lenet5_bn: mnist, ImageNet models: imagenet); counting runs
 on the meta device (shapes only), so it takes seconds for any model. The conventions are in
 addernet/analysis/op_count.py. The last line printed is one JSON object with every figure.
 """
@@ -14,6 +16,16 @@ import sys
 import hydra
 
 from addernet.analysis import count_model_ops, format_report
+from addernet.models import MODELS, NATIVE_DATA
+
+
+def native_data(argv):
+    """``data=<the model's own dataset>`` unless argv chooses data (or an experiment) itself, else None."""
+    if any(a.lstrip("+~").split("=")[0] in ("data", "experiment") for a in argv):
+        return None
+    names = [a.split("=", 1)[1] for a in argv if a.startswith("model=")]
+    name = names[-1] if names else "resnet20"
+    return f"data={NATIVE_DATA[MODELS[name][1]][0]}" if name in MODELS else None
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
@@ -29,5 +41,6 @@ def main(cfg):
 
 if __name__ == "__main__":
     # A read-only tool: write no Hydra run directory (the user's own overrides come later and win).
-    sys.argv[1:1] = ["hydra.output_subdir=null", "hydra.run.dir=."]
+    native = native_data(sys.argv[1:])
+    sys.argv[1:1] = ["hydra.output_subdir=null", "hydra.run.dir=."] + ([native] if native else [])
     main()

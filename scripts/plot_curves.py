@@ -50,6 +50,7 @@ def plot(runs, out):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(PANELS), figsize=(6 * len(PANELS), 4.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -58,10 +59,11 @@ def plot(runs, out):
             c = colors[i % len(colors)]
             for key, style, split in ((train_key, "--", "train"), (val_key, "-", "val")):
                 x, y = series(records, key)
-                if x:
-                    ax.plot(x, y, style, color=c, label=f"{label} {split}")
+                if x:  # markers: a one-epoch run is a single point, which a line alone would not show
+                    ax.plot(x, y, style, color=c, marker="o", markersize=3, label=f"{label} {split}")
         ax.set_title(title)
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # whole epochs, even for one
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")

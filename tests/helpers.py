@@ -93,13 +93,13 @@ class SigtermOn(logging.Handler):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def compose(overrides=()):
-    """Compose configs/train.yaml with ``overrides`` through Hydra's compose API."""
+def compose(overrides=(), config_name="train"):
+    """Compose configs/<config_name>.yaml (train.yaml, test.yaml) with ``overrides`` through Hydra's compose API."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        return hydra_compose(config_name="train", overrides=list(overrides))
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
 
 
 def run_train(args, timeout=300, env=None, script=("train.py",), **popen):

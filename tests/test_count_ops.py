@@ -111,3 +111,21 @@ def test_script_prints_table_then_json(tmp_path):
     assert got == expected
     assert got["input"] == [1, 3, 32, 32] and got["paper_table"] == {"mul": 0.65e9, "add": 0.65e9}
     assert not list(tmp_path.iterdir()), "count_ops.py must not write a run directory"
+
+
+def test_script_counts_at_the_models_native_input_unless_data_is_given(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("count_ops_script", ROOT / "scripts" / "count_ops.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.native_data(["model=lenet5_bn"]) == "data=mnist"
+    assert script.native_data(["model=resnet18", "model.layer=conv"]) == "data=imagenet"
+    assert script.native_data([]) == "data=cifar10"
+    assert script.native_data(["model=resnet50", "data=cifar10"]) is None  # the user's choice wins
+    assert script.native_data(["experiment=imagenet_resnet50_adder"]) is None
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "count_ops.py"), "model=resnet50"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["input"] == [1, 3, 224, 224] and got == json.loads(json.dumps(_count("resnet50", "adder")))

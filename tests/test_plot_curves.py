@@ -87,3 +87,17 @@ def test_cli_missing_run_dir_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nope")], capture_output=True, text=True)
     assert r.returncode == 1
     assert "metrics.jsonl not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_one_epoch_run_shows_a_point_on_integer_epoch_ticks(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
+    fig = _module().plot([("one", _records(0)[:1]), ("three", _records(1))], tmp_path / "c.png")
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert all(ln.get_marker() not in (None, "", "None") for ln in ax.get_lines())
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    single = _module().plot([("one", _records(0)[:1])], tmp_path / "d.png")
+    single.canvas.draw()
+    ticks = [t for t in single.axes[0].get_xticks() if single.axes[0].get_xlim()[0] <= t <= single.axes[0].get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks

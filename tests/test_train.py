@@ -12,12 +12,12 @@ from addernet.checkpoint import load_checkpoint
 from addernet.data import build_loader
 from addernet.engine import NonFiniteLoss, Preempted, evaluate, model_from_config, train
 from helpers import SigtermOn as _SigtermOn
-from helpers import compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10
+from helpers import CIFAR10_CLASSES, compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10
 
 METRIC_KEYS = {"epoch", "lr", "train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "val_n",
                "epoch_seconds", "images_per_s", "val_images_per_s"}
 CKPT_KEYS = {"format_version", "model", "optimizer", "scheduler", "scaler", "epoch", "step", "best_top1",
-             "best_epoch", "history", "train_sums", "rng", "config", "world_size"}
+             "best_epoch", "history", "train_sums", "rng", "config", "world_size", "classes"}  # classes: CIFAR names
 TB_SCALARS = {"train/loss", "train/top1", "val/loss", "val/top1", "val/top5", "lr", "images_per_s"}
 FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
 
@@ -31,7 +31,7 @@ def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
     summary = train(cfg, str(run))
 
     assert {p.name for p in run.iterdir()} == {"config.yaml", "train.log", "metrics.jsonl", "tensorboard",
-                                               "checkpoints"}
+                                               "checkpoints", ".lock"}
     assert OmegaConf.load(run / "config.yaml") == OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert set(record) == METRIC_KEYS
@@ -43,6 +43,7 @@ def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
     # Checkpoints: full state, plain-dict config, and weights that reproduce the logged validation numbers.
     ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
     assert set(ckpt) == CKPT_KEYS and ckpt["format_version"] == 1 and ckpt["epoch"] == 1 and ckpt["step"] == 0
+    assert ckpt["classes"] == CIFAR10_CLASSES
     assert ckpt["config"] == OmegaConf.to_container(cfg, resolve=True) and ckpt["history"] == [record]
     assert set(load_checkpoint(run / "checkpoints" / "best.pt")) == CKPT_KEYS
     model = model_from_config(cfg)
@@ -79,7 +80,7 @@ def test_train_py_on_a_jpeg_image_folder(tmp_path, jpeg_cifar):
     run = tmp_path / "run"
     proc = run_train(_jpeg_args(jpeg_cifar, run))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {".hydra", "config.yaml", "train.log", "metrics.jsonl", "tensorboard", "checkpoints"} == \
+    assert {".hydra", ".lock", "config.yaml", "train.log", "metrics.jsonl", "tensorboard", "checkpoints"} == \
         {p.name for p in run.iterdir()}
     assert OmegaConf.load(run / ".hydra" / "config.yaml").data.root == str(jpeg_cifar)
     [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -5,6 +5,7 @@ os.replace, so a crash (SIGKILL, power loss) leaves either the old file or the n
 half-written file under the real name. Loading uses torch.load(weights_only=True): only tensors and
 plain Python containers are accepted, so a checkpoint from an untrusted source cannot run code.
 """
+import errno
 import os
 import pickle
 import tempfile
@@ -23,19 +24,38 @@ def save_checkpoint(state, path):
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    tmp = None
     try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as e:
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, (OSError, RuntimeError)):
+            raise _write_error(path, e) from None
         raise
     return path
+
+
+def _write_error(path, e):
+    """CheckpointError for a failed write: the reason (disk full, read-only, ...) and the old file's fate."""
+    text = str(e)
+    if getattr(e, "errno", None) == errno.ENOSPC or "No space left on device" in text:
+        reason = "no space left on device"
+    elif isinstance(e, OSError):
+        reason = e.strerror or text
+    else:  # torch's zip writer wraps the OS error: keep its last line, which names it
+        reason = text.strip().splitlines()[-1] if text.strip() else type(e).__name__
+    old = (f"the previous {os.path.basename(path)} is intact (it is only replaced once a write completes)"
+           if os.path.isfile(path) else "no earlier file of that name existed")
+    return CheckpointError(f"cannot write checkpoint {path}: {reason}; {old}. Free space or make "
+                           f"{os.path.dirname(os.path.abspath(path))} writable, then re-run the same command to "
+                           f"resume.")
 
 
 def load_checkpoint(path, map_location="cpu"):
@@ -47,6 +67,10 @@ def load_checkpoint(path, map_location="cpu"):
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint not found: {os.path.abspath(path)} (check the path; a run writes "
+                              f"<run dir>/checkpoints/last.pt and best.pt).")
+    if not _looks_like_torch_file(path):
+        raise CheckpointError(f"{path} is not a checkpoint: it is neither a torch.save zip archive nor a legacy "
+                              f"torch pickle ({os.path.getsize(path)} bytes). Check the path (a run writes "
                               f"<run dir>/checkpoints/last.pt and best.pt).")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
@@ -64,6 +88,13 @@ def load_checkpoint(path, map_location="cpu"):
             f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). If it is a run's last.pt, use best.pt "
             f"or an earlier copy; checkpoints written by this repo are atomic, so this usually means the file "
             f"was damaged after writing or copied incompletely.") from None
+
+
+def _looks_like_torch_file(path):
+    """True for torch.save's zip format (even truncated: its first bytes) and its legacy pickle format."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return head == b"PK\x03\x04" or (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
 
 
 def _listing(title, items, limit=12):

@@ -14,6 +14,10 @@ import torch
 from ..ops import Adder2d
 from .io import CheckpointError, _listing, load_weights
 
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+# model name -> the class names (label order) of the official checkpoint of that model
+OFFICIAL_CLASSES = {"resnet20": list(CIFAR10_CLASSES)}
+
 
 def is_official(obj):
     """True for a bare state_dict (a non-empty mapping of names to tensors), as the official files are.

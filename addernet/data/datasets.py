@@ -1,8 +1,13 @@
 """Datasets named by ``data.name``: torchvision's CIFAR-10/100, MNIST, FakeData and ImageFolder trees.
 
 A missing dataset becomes a :class:`DataError` that names the folder, the files expected there and
-the override that fixes it, instead of torchvision's generic "Dataset not found".
+the override that fixes it, instead of torchvision's generic "Dataset not found". An unreadable image
+is named with its dataset (:class:`CorruptImage`), or skipped and counted with data.skip_corrupt=true.
+Labels are the positions of the sorted class names, so datasets that have names (ImageFolder trees,
+CIFAR, MNIST) are compared by name (:func:`check_classes`): a renamed folder is an error, not a shift.
 """
+import logging
+import multiprocessing
 import os
 
 from torchvision import datasets as tvd
@@ -13,6 +18,81 @@ from .transforms import build_transform
 TORCHVISION = {"cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100, "mnist": tvd.MNIST}
 FOLDERS = ("imagenet", "cifar10_folder", "cifar100_folder")
 NAMES = tuple(TORCHVISION) + FOLDERS + ("fake",)
+log = logging.getLogger("addernet.data")
+
+
+class CorruptImage(DataError):
+    """An image file cannot be decoded. DataLoader re-raises a worker's error with the worker's traceback as
+    its message: only our own line (the last one) is kept, so the user sees one line naming the file."""
+
+    def __init__(self, message):
+        if "Traceback (most recent call last)" in message:
+            message = message.rstrip().splitlines()[-1].split(": ", 1)[-1]
+        super().__init__(message)
+
+
+class CheckedImageFolder(tvd.ImageFolder):
+    """ImageFolder that names an unreadable image and its dataset, or (``skip``) skips it and counts it.
+
+    A skipped sample is None (the loader's collate drops it); ``skipped`` is a counter shared with
+    the DataLoader workers, read and reset by :func:`take_skipped`.
+    """
+
+    def __init__(self, root, transform, name, skip):
+        super().__init__(root, transform=transform)
+        self.name, self.skip, self.skipped = name, bool(skip), multiprocessing.Value("q", 0)
+
+    def __getitem__(self, index):
+        path, target = self.samples[index]
+        try:
+            image = self.loader(path)
+        except (OSError, SyntaxError, ValueError) as e:  # PIL: unidentified, truncated, broken chunks
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if not self.skip:
+                raise CorruptImage(f"{self.name}: cannot read image {path} ({reason}); replace or delete it, or "
+                                   f"set data.skip_corrupt=true to skip unreadable images (counted per epoch).") \
+                    from None
+            with self.skipped.get_lock():
+                self.skipped.value += 1
+            log.warning("%s: skipped unreadable image %s (%s)", self.name, path, reason)
+            return None
+        return self.transform(image), target
+
+
+def take_skipped(loader):
+    """Images the dataset of ``loader`` skipped as unreadable since the last call (then reset to 0)."""
+    ds = loader.dataset
+    counter = getattr(getattr(ds, "dataset", ds), "skipped", None)  # the validation loader holds a Subset
+    if counter is None:
+        return 0
+    with counter.get_lock():
+        n, counter.value = counter.value, 0
+    return n
+
+
+def class_names(dataset):
+    """The dataset's class names in label order (ImageFolder, CIFAR, MNIST), or None (FakeData)."""
+    dataset = getattr(dataset, "dataset", dataset)
+    names = getattr(dataset, "classes", None)
+    return [str(c) for c in names] if names is not None else None
+
+
+def _names(items):
+    return (", ".join(map(repr, items[:6])) + (" ..." if len(items) > 6 else "")) or "nothing"
+
+
+def check_classes(expected, dataset, source, fix):
+    """DataError unless ``dataset``'s class names are ``expected`` (when both are known), position by position."""
+    found = class_names(dataset)
+    if expected is None or found is None or list(expected) == found:
+        return
+    ds = getattr(dataset, "dataset", dataset)
+    where = getattr(ds, "root", type(ds).__name__)
+    extra, missing = [c for c in found if c not in expected], [c for c in expected if c not in found]
+    detail = (f"{where} has {_names(extra)} where {source} has {_names(missing)}" if extra or missing
+              else "the same names in another order")
+    raise DataError(f"the classes of {where} do not match {source}: {detail}. Labels are the positions of the "
+                    f"sorted class names, so this would silently score the wrong classes; {fix}.")
 
 
 def _expected_files(cls, root):
@@ -46,7 +126,7 @@ def _folder_dataset(data_cfg, split, transform):
                         f"<{key}>/<class>/<image>; set data.root=... (the folder holding train/ and "
                         f"{os.path.basename(str(data_cfg.val_dir))}/) or {key}=/path/to/imagefolder.")
     try:
-        ds = tvd.ImageFolder(path, transform=transform)
+        ds = CheckedImageFolder(path, transform, f"{data_cfg.name} {split} set", data_cfg.get("skip_corrupt", False))
     except (FileNotFoundError, OSError) as e:
         raise DataError(f"{data_cfg.name}: {path} is not a usable ImageFolder tree ({e}); expected "
                         f"<class>/<image> sub-folders.") from None
@@ -68,9 +148,18 @@ def build_dataset(data_cfg, split):
         raise DataError(f"unknown dataset data.name={name!r}; choose data=<one of {', '.join(NAMES)}>.")
     transform = build_transform(data_cfg, split)
     if name in TORCHVISION:
-        return _torchvision_dataset(data_cfg, split, transform)
-    if name in FOLDERS:
-        return _folder_dataset(data_cfg, split, transform)
+        ds = _torchvision_dataset(data_cfg, split, transform)
+    elif name in FOLDERS:
+        ds = _folder_dataset(data_cfg, split, transform)
+    else:
+        ds = _fake_dataset(data_cfg, split, transform)
+    if len(ds) == 0:
+        key = {"fake": f"data.{split}_size", **{f: f"data.{split}_dir" for f in FOLDERS}}.get(name, "data.root")
+        raise DataError(f"the {name} {split} set is empty (0 images); check {key}.")
+    return ds
+
+
+def _fake_dataset(data_cfg, split, transform):
     size = int(data_cfg.train_size if split == "train" else data_cfg.val_size)
     # Different offsets so the validation images are not the training images.
     return tvd.FakeData(size=size, image_size=(int(data_cfg.in_channels), int(data_cfg.image_size),

@@ -11,22 +11,58 @@ exactly one rank, with no padding, so summed counts are exact.
 
 data.on_device=true returns a DeviceLoader (device_loader.py) instead: the same shuffle, shards,
 drop rule and seeding, with the augmentation done in batches on the training device.
+
+Workers ignore SIGTERM and SIGINT: a scheduler (or Ctrl-C) signals the whole process group, and the
+main process, not its workers, decides when to stop (after saving); it then shuts the workers down.
 """
+import os
 import random
+import signal
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import DataLoader, DistributedSampler, Subset, default_collate
 
 from .datasets import DataError, build_dataset
 from .device_loader import build_device_loader
 
 
-def _split_batch(data_cfg, world_size):
+def _split_batch(data_cfg, world_size, split):
     batch = int(data_cfg.batch_size)
     if batch <= 0 or batch % world_size:
         raise DataError(f"data.batch_size={batch} is the global batch and must be a positive multiple of the "
                         f"number of processes ({world_size}); change data.batch_size or the process count.")
+    if split == "train" and batch // world_size < 2:
+        raise DataError(f"data.batch_size={batch} gives {batch // world_size} sample per process and training "
+                        f"batch, and BatchNorm needs at least 2; use data.batch_size={2 * world_size} or more.")
     return batch // world_size
+
+
+def num_workers(data_cfg):
+    """data.num_workers, where ``auto`` is the CPUs this process may use, shared by the processes of this
+    machine (torchrun's LOCAL_WORLD_SIZE), at most 8 (what DataLoader suggests, so it never warns)."""
+    value = data_cfg.num_workers
+    if value != "auto":
+        return int(value)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+
+
+def ignore_stop_signals(worker_id):
+    """DataLoader worker_init_fn: leave SIGTERM/SIGINT to the main process (it saves, then stops the workers).
+
+    It touches no RNG, so every worker's seed stays the loader generator's base seed + worker id.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def collate_readable(batch):
+    """default_collate of the samples that are not None (None: an unreadable image skipped by the dataset)."""
+    kept = [sample for sample in batch if sample is not None]
+    if not kept:
+        raise DataError(f"all {len(batch)} images of a batch are unreadable (data.skip_corrupt=true skipped them); "
+                        f"check the image files named in the warnings above.")
+    return default_collate(kept)
 
 
 def build_loader(data_cfg, split, dataset=None, *, rank=0, world_size=1, seed=0, device=None):
@@ -37,15 +73,21 @@ def build_loader(data_cfg, split, dataset=None, *, rank=0, world_size=1, seed=0,
     """
     if dataset is None:
         dataset = build_dataset(data_cfg, split)
-    per_rank = _split_batch(data_cfg, world_size)
+    per_rank = _split_batch(data_cfg, world_size, split)
     if data_cfg.get("on_device", False):
         return build_device_loader(data_cfg, split, dataset, per_rank=per_rank, rank=rank, world_size=world_size,
                                    seed=seed, device=device)
-    common = dict(num_workers=int(data_cfg.num_workers),
+    workers = num_workers(data_cfg)
+    common = dict(num_workers=workers,
                   pin_memory=bool(data_cfg.pin_memory) and torch.cuda.is_available(),  # no-op without a GPU
-                  generator=torch.Generator().manual_seed(int(seed)))
+                  generator=torch.Generator().manual_seed(int(seed)),
+                  worker_init_fn=ignore_stop_signals if workers else None,
+                  collate_fn=collate_readable if data_cfg.get("skip_corrupt") else None)
     if split == "train":
         sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=int(seed))
+        if len(sampler) < 2:
+            raise DataError(f"the training set has {len(dataset)} image(s), fewer than 2 per process "
+                            f"({world_size} process(es)); BatchNorm needs 2 per batch: use a larger training set.")
         # A final batch of one sample would break BatchNorm in training mode: drop it.
         return DataLoader(dataset, batch_size=per_rank, sampler=sampler,
                           drop_last=len(sampler) % per_rank == 1, **common)

@@ -3,7 +3,13 @@
 ``check_config`` (train.py) and ``check_eval_config`` (test.py) run before anything is built, so a
 bad value stops with one message naming the key and the fix instead of failing deep inside.
 """
+import difflib
+import functools
+import glob
+import os
+
 import torch
+from omegaconf import OmegaConf
 
 from ..checks import choice, number
 from ..errors import ConfigError
@@ -12,6 +18,7 @@ from .evaluate import AMP_DTYPES
 
 TRAIN_GROUPS = ("model", "data", "optim", "sched", "trainer", "adaptive_lr", "task")
 EVAL_GROUPS = ("model", "data", "trainer")
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 
 
 def _groups(cfg, groups, entry):
@@ -25,7 +32,8 @@ def check_eval_config(cfg):
     _groups(cfg, EVAL_GROUPS, "test")
     for key in ("batch_size", "num_classes", "in_channels"):
         number(cfg.data, key, f"data.{key}", minimum=1, integer=True)
-    number(cfg.data, "num_workers", "data.num_workers", integer=True)
+    if cfg.data.get("num_workers") != "auto":
+        number(cfg.data, "num_workers", "data.num_workers (or auto)", integer=True)
     for key in ("mean", "std"):  # Normalize would fail deep inside the data loader instead
         values = cfg.data.get(key)
         if values is not None and len(values) != int(cfg.data.in_channels):
@@ -39,15 +47,20 @@ def check_eval_config(cfg):
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"trainer.device={device} but CUDA is not available here; use trainer.device=cpu "
                           f"(or auto).")
+    check_input_size(cfg)
 
 
 def check_config(cfg):
     """Validate everything training uses, with messages that say which override fixes what."""
     _groups(cfg, TRAIN_GROUPS, "train")
+    for group in TRAIN_GROUPS:
+        check_known_keys(group, cfg[group].keys())
     number(cfg.trainer, "epochs", "trainer.epochs", minimum=1, integer=True)
     for key in ("seed", "log_every", "hist_every"):
         number(cfg.trainer, key, f"trainer.{key}", minimum=0 if key == "seed" else 1, integer=True)
     check_eval_config(cfg)
+    # BatchNorm in training mode needs 2 samples per process and batch (the loader checks the per-process share)
+    number(cfg.data, "batch_size", "data.batch_size", minimum=2, integer=True)
     check_optim(cfg.optim)
     check_sched(cfg.sched, int(cfg.trainer.epochs))
     if cfg.adaptive_lr.enabled:
@@ -74,3 +87,53 @@ def model_from_config(cfg):
         msg = e.args[0] if e.args else e
         raise ConfigError(f"cannot build model.name={cfg.model.name!r} (model.layer={cfg.model.layer}): {msg}. "
                           f"Pick a model with model=<name> (configs/model/).") from None
+
+
+@functools.lru_cache(maxsize=None)
+def group_keys(group, configs=CONFIGS):
+    """Every top-level key the files of configs/<group>/ define (the union over the group's options)."""
+    keys = set()
+    for path in glob.glob(os.path.join(configs, group, "*.yaml")):
+        node = OmegaConf.load(path)
+        keys.update(k for k in node.keys() if k != "defaults")
+    return frozenset(keys)
+
+
+def check_known_keys(group, keys, configs=CONFIGS):
+    """ConfigError for a key no config file of ``group`` defines (e.g. ``+trainer.epoch=1``), listing the valid ones."""
+    valid = group_keys(group, configs)
+    if not valid:  # no configs/ next to the package (an installed copy): nothing to compare with
+        return
+    unknown = sorted(set(keys) - valid)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(valid), n=1)
+        hint = f" (did you mean {group}.{close[0]}?)" if close else ""
+        raise ConfigError(f"unknown key {group}.{unknown[0]}{hint}: no configs/{group}/*.yaml defines it, so it would "
+                          f"be silently ignored. Valid {group} keys: {', '.join(sorted(valid))}.")
+
+
+def check_stored_model(cfg, stored, source, keys, fix):
+    """ConfigError when cfg.model differs from the model a checkpoint's stored config was trained as.
+
+    An adder checkpoint loaded into its CNN twin (or the reverse) has the same tensor names and shapes,
+    so loading succeeds and every prediction is nonsense: the stored config is the only safeguard.
+    """
+    model = (stored or {}).get("model") or {}
+    diff = [f"model.{k}={cfg.model.get(k)} (trained as model.{k}={model[k]})" for k in keys
+            if k in model and model[k] != cfg.model.get(k)]
+    if diff:
+        raise ConfigError(f"{source} was trained as a different model: {'; '.join(diff)}. Its weights would load "
+                          f"into this model but compute nonsense; {fix}.")
+
+
+def check_input_size(cfg):
+    """ConfigError when the model cannot take data.image_size x data.image_size inputs (a shapes-only dry run)."""
+    size, channels = int(cfg.data.image_size), int(cfg.data.in_channels)
+    with torch.device("meta"):
+        model = model_from_config(cfg).eval()
+        try:
+            model(torch.empty(2, channels, size, size))
+        except RuntimeError as e:
+            raise ConfigError(f"model={cfg.model.name} cannot take {channels}x{size}x{size} inputs "
+                              f"(data.image_size={size}): {str(e).splitlines()[0].rstrip('.')}. Use the model's input size "
+                              f"(e.g. data.image_size=28 for lenet5_bn) or a model made for this data.") from None

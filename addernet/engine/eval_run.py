@@ -5,7 +5,6 @@ the command line overrides changes (a ``data=``/``model=`` choice replaces that 
 changes one key). Official AdderNet checkpoints (bare state_dicts) store none, so the model and
 data come from the command line and configs/test.yaml.
 """
-import json
 import os
 import sys
 
@@ -15,12 +14,13 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from .. import distributed as dist
-from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, read_checkpoint
+from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, open_checkpoint
 from ..checkpoint.official import is_official, load_official
-from ..data import build_loader
+from ..data import build_loader, check_classes, take_skipped
 from ..errors import CheckpointError, ConfigError
-from .config import check_eval_config, device_type, model_from_config
+from .config import check_eval_config, check_known_keys, check_stored_model, device_type, model_from_config
 from .evaluate import evaluate
+from .outputs import json_line
 
 STORED_GROUPS = ("model", "data")  # taken from our checkpoint's config unless overridden
 RESULT_KEYS = ("top1", "top5", "loss", "n", "images_per_s")
@@ -110,7 +110,35 @@ def _load_model(cfg, path, state, stored, kind):
             f"{cfg.data.num_classes}{origin}; pick the checkpoint's architecture with model=<name> "
             f"(configs/model/), model.layer=adder|conv and the matching data=<dataset>.")
     (load_official if kind == OFFICIAL else load_weights)(model, state, source=path, hint=hint)
+    # adder and conv twins have the same tensor names and shapes: loading alone cannot tell them apart
+    check_stored_model(cfg, stored, path, ("name", "layer"),
+                       "evaluate it with the model it was trained as (drop the model override)")
     return model
+
+
+def check_results_file(results_file):
+    """ConfigError now, before the evaluation, when results_file= cannot be written (not after minutes of it)."""
+    if not results_file:
+        return
+    path = os.path.abspath(str(results_file))
+    existed = os.path.exists(path)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"results_file={results_file} cannot be written ({e.strerror or e}); give a writable "
+                          f"file path, or drop results_file= to print the result only.") from None
+    if not existed:
+        os.remove(path)
+
+
+def _check_overrides(overrides):
+    """Unknown keys given as overrides of the evaluation's groups (e.g. +data.val_dri=...), listing the valid ones."""
+    for o in OverridesParser.create().parse_overrides(list(overrides)):
+        group, _, key = o.key_or_group.partition(".")
+        if group in ("model", "data", "trainer") and key and not o.is_delete():
+            check_known_keys(group, [key.split(".")[0]])
 
 
 def evaluate_checkpoint(cfg, overrides):
@@ -119,7 +147,10 @@ def evaluate_checkpoint(cfg, overrides):
         raise ConfigError("no checkpoint given: python test.py checkpoint=PATH (a run's checkpoints/best.pt or an "
                           "official ResNet20-AdderNet.pth / ResNet50-AdderNet.pth)")
     path = str(cfg.checkpoint)
-    state, stored, kind = read_checkpoint(path)
+    _check_overrides(overrides)
+    if dist.env_rank() == 0:
+        check_results_file(cfg.get("results_file"))
+    state, stored, kind, classes = open_checkpoint(path, model_name=cfg.model.name)
     if stored is not None:
         cfg = effective_config(cfg, stored, overrides)
     check_eval_config(cfg)
@@ -131,6 +162,8 @@ def evaluate_checkpoint(cfg, overrides):
     if device.type != "cuda" and cfg.data.get("pin_memory"):
         cfg.data.pin_memory = False  # pinning needs an accelerator; avoids DataLoader's warning on CPU
     loader = build_loader(cfg.data, "val", rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)
+    check_classes(classes, loader.dataset, f"the classes {path} was trained on",
+                  "evaluate on a folder with the training set's class names (label order = sorted names)")
     if dist.is_main():
         where = cfg.data.get("val_dir") or cfg.data.get("root")
         print(f"checkpoint {path} [{kind}]\nmodel {cfg.model.name} ({cfg.model.layer}) | data {cfg.data.name} "
@@ -139,14 +172,21 @@ def evaluate_checkpoint(cfg, overrides):
     bar = tqdm(loader, desc="test", unit="batch", disable=not (dist.is_main() and cfg.trainer.progress),
                file=sys.stderr)
     result = evaluate(model, bar, device, amp=cfg.trainer.amp, channels_last=bool(cfg.trainer.channels_last))
+    skipped = take_skipped(loader)
+    if skipped:
+        print(f"test.py: warning: skipped {skipped} unreadable image(s) (data.skip_corrupt=true); n counts the rest",
+              file=sys.stderr)
     return {k: result[k] for k in RESULT_KEYS}
 
 
 def report(result, results_file):
-    """Human-readable summary, then the JSON line (last line printed); also written to results_file."""
+    """Human-readable summary, then the JSON line (last line printed); also written to results_file.
+
+    A non-finite loss (a diverged model) is written as null: the line stays strict JSON.
+    """
     print(f"top-1 {result['top1']:.2f}% | top-5 {result['top5']:.2f}% | loss {result['loss']:.4f} | "
           f"n {result['n']} | {result['images_per_s']:.1f} images/s")
-    line = json.dumps(result)
+    line = json_line(result)
     if results_file:
         os.makedirs(os.path.dirname(os.path.abspath(results_file)), exist_ok=True)
         with open(results_file, "w") as f:

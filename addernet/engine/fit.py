@@ -19,15 +19,16 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from .. import distributed as dist
 from ..compile import compile_model
 from ..checkpoint import save_checkpoint, training_checkpoint
-from ..data import build_dataset, build_loader
-from ..errors import ConfigError, Preempted
+from ..data import build_dataset, build_loader, check_classes, class_names, num_workers, take_skipped
+from ..errors import ConfigError, NonFiniteLoss
 from ..optim import AdaptiveLR, build_optimizer, build_scheduler
 from .config import check_config, device_type, model_from_config
 from .evaluate import evaluate
-from .loop import train_epoch
+from .loop import last_good, non_finite_state, train_epoch
 from .meters import MetricSums
 from .outputs import RunOutputs, extra_keys, setup_logging
 from .resume import StopFlag, fresh_state, restore, resume_path
+from .rundir import RunDirBusy, lock_run_dir, log_failure, remove_stale_temporaries
 
 log = logging.getLogger("addernet.train")
 
@@ -37,9 +38,19 @@ def train(cfg, run_dir):
 
     ``run_dir`` is Hydra's ``hydra.runtime.output_dir``; under torchrun rank 0's dir is used by all.
     Raises an AdderNetError subclass for user mistakes (ConfigError, DataError, CheckpointError),
-    Preempted after SIGTERM and NonFiniteLoss on a NaN/inf loss (train.py turns them into a message
-    and the error's exit code).
+    Preempted after SIGTERM (Interrupted after Ctrl-C) and NonFiniteLoss on a NaN/inf loss or model
+    state (train.py turns them into a message and the error's exit code); the error is also appended
+    to the run's train.log.
     """
+    try:
+        return _train(cfg, run_dir)
+    except Exception as e:
+        if dist.env_rank() == 0 and not isinstance(e, RunDirBusy):  # a busy dir's log is another run's
+            log_failure(os.path.abspath(run_dir), e)
+        raise
+
+
+def _train(cfg, run_dir):
     check_config(cfg)
     if cfg.trainer.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
@@ -48,14 +59,17 @@ def train(cfg, run_dir):
         device = torch.device(str(cfg.trainer.device))
     try:
         run = Run(cfg, _shared_run_dir(run_dir), device)
-        old_handler = signal.signal(signal.SIGTERM, run.stop)
+        old_handlers = {sig: signal.signal(sig, run.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         restore_logging = setup_logging(run.run_dir, run.main)
         try:
             with logging_redirect_tqdm(loggers=[logging.getLogger("addernet")]):
                 return run.fit()
         finally:
-            signal.signal(signal.SIGTERM, old_handler)
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
             restore_logging()
+            if run.lock is not None:
+                run.lock.close()  # releases the run dir
     finally:
         dist.cleanup()
 
@@ -82,9 +96,17 @@ class Run:
         self.seed, self.epochs, self.amp = int(cfg.trainer.seed), int(cfg.trainer.epochs), cfg.trainer.amp or "off"
         self.stop, self.state, self.pending_rng = StopFlag(), fresh_state(), None
         self.memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
-        if self.main:
-            os.makedirs(self.ckpt_dir, exist_ok=True)
-        dist.barrier()
+        self.lock, self.stale, self.resumed_from, error = None, [], None, None
+        if self.main:  # the lock first: nothing in the run dir is touched while another run holds it
+            try:
+                self.lock = lock_run_dir(run_dir)
+                os.makedirs(self.ckpt_dir, exist_ok=True)
+                self.stale = remove_stale_temporaries(run_dir)
+            except ConfigError as e:
+                error = e
+        message = dist.broadcast_object(str(error) if error else None)
+        if message:
+            raise error or ConfigError(message)
 
     def build(self):
         """Model, task, data, optimizer, schedule, scaler, adaptive LR, DDP (a wrong model fails before data)."""
@@ -102,9 +124,13 @@ class Run:
                  sum(p.numel() for p in model.parameters()))
         self.task = build_task(self.model, cfg)
         self.task.setup(device, self.amp, self.memory_format)
+        train_set, val_set = build_dataset(cfg.data, "train"), build_dataset(cfg.data, "val")
+        self.classes = class_names(train_set)
+        check_classes(self.classes, val_set, f"the training set {getattr(train_set, 'root', '')}".rstrip(),
+                      "give the train and val folders the same class folder names")
         self.train_loader, self.val_loader = (
-            build_loader(cfg.data, split, build_dataset(cfg.data, split), rank=self.rank, world_size=self.world,
-                         seed=self.seed, device=device) for split in ("train", "val"))
+            build_loader(cfg.data, split, ds, rank=self.rank, world_size=self.world, seed=self.seed, device=device)
+            for split, ds in (("train", train_set), ("val", val_set)))
         log.info("data %s: %d train / %d val images, global batch %d", cfg.data.name,
                  len(self.train_loader.dataset), len(self.val_loader.dataset.dataset), cfg.data.batch_size)
         self.optimizer = build_optimizer(cfg.optim, self.task.param_groups())
@@ -125,7 +151,7 @@ class Run:
             scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict(), epoch=s["epoch"], step=step,
             best_top1=s["best_top1"], best_epoch=s["best_epoch"], history=s["history"],
             train_sums=sums.state_dict(), rng=rng, config=self.resolved, world_size=self.world,
-            task=self.task.state_dict())
+            task=self.task.state_dict(), classes=self.classes)
 
     def fit(self):
         cfg = self.cfg
@@ -133,14 +159,18 @@ class Run:
         torch.backends.cudnn.benchmark = not cfg.trainer.deterministic
         torch.manual_seed(self.seed + self.rank)
         random.seed(self.seed + self.rank)
+        if cfg.data.num_workers == "auto":  # recorded as the number used (it changes the augmentation stream)
+            cfg.data.num_workers = num_workers(cfg.data)
+        log.info("run dir %s | %d process(es) | device %s | amp %s", self.run_dir, self.world, self.device, self.amp)
+        if self.stale:
+            log.info("removed %d temporary file(s) of an interrupted write: %s", len(self.stale), ", ".join(self.stale))
+        self.build()
+        path = self.resumed_from = resume_path(cfg, self.ckpt_dir)
+        if path:
+            self.pending_rng = restore(self, path)  # refuses a different model, before the config is rewritten
         self.resolved = OmegaConf.to_container(cfg, resolve=True)
         if self.main:
             OmegaConf.save(cfg, os.path.join(self.run_dir, "config.yaml"), resolve=True)
-        log.info("run dir %s | %d process(es) | device %s | amp %s", self.run_dir, self.world, self.device, self.amp)
-        self.build()
-        path = resume_path(cfg, self.ckpt_dir)
-        if path:
-            self.pending_rng = restore(self, path)
         self.outputs = RunOutputs(self.run_dir, self.main, self.state["epoch"] if path else None)
         self.outputs.rewrite_metrics(self.state["history"])
         for epoch in range(self.state["epoch"], self.epochs):
@@ -153,6 +183,7 @@ class Run:
         start_step, self.state["step"] = min(self.state["step"], len(self.train_loader)), 0
         if not start_step:
             self.sums = MetricSums(self.device)
+        take_skipped(self.train_loader)
         seen, seconds = train_epoch(self, epoch, start_step)
         train = self.sums.all_reduce().compute()
         val = evaluate(self.task.net, self.val_loader, self.device, amp=self.amp,
@@ -164,12 +195,22 @@ class Run:
             other = evaluate(extra, self.val_loader, self.device, amp=self.amp,
                              channels_last=bool(self.cfg.trainer.channels_last))
             record.update({f"{name}_val_{k}": other[k] for k in ("loss", "top1", "top5")})
+        skipped = take_skipped(self.train_loader), take_skipped(self.val_loader)
+        if any(skipped):
+            log.warning("epoch %d: skipped %d unreadable training and %d validation image(s) (data.skip_corrupt=true)",
+                        epoch + 1, *skipped)
         self.scheduler.step()
         record.update({"epoch_seconds": time.perf_counter() - t0, "images_per_s": seen / max(seconds, 1e-9),
                        "val_images_per_s": val["images_per_s"]})
         self.end_epoch(epoch, record)
 
     def end_epoch(self, epoch, record):
+        bad = non_finite_state(self, record)  # before anything of this epoch is written
+        if bad:
+            raise NonFiniteLoss(f"epoch {epoch + 1} ended with non-finite {', '.join(bad[:4])}"
+                                f"{' ...' if len(bad) > 4 else ''} (val loss {record['val_loss']}); nothing of this "
+                                f"epoch was saved, so {last_good(self)}. Try a lower optim.lr, trainer.amp=off, or "
+                                f"check the data.")
         s = self.state
         s["epoch"] = epoch + 1
         improved = record["val_top1"] > s["best_top1"]
@@ -192,9 +233,9 @@ class Run:
         dist.barrier()
         if epoch + 1 < self.epochs and dist.any_rank(self.stop.requested, self.device):
             self.outputs.close()
-            raise Preempted(f"stopped by SIGTERM after epoch {epoch + 1}; saved "
-                            f"{os.path.join(self.ckpt_dir, 'last.pt')}. Re-run with hydra.run.dir={self.run_dir} "
-                            f"to resume (or trainer.resume=<that file>).")
+            raise self.stop.error(f"stopped by {self.stop.name} after epoch {epoch + 1}; saved "
+                                  f"{os.path.join(self.ckpt_dir, 'last.pt')}. Re-run with hydra.run.dir="
+                                  f"{self.run_dir} to resume (or trainer.resume=<that file>).")
 
     def finish(self):
         s, cfg = self.state, self.cfg

@@ -7,6 +7,7 @@ the run before anything is saved, and a SIGTERM still saves a mid-epoch last.pt 
 on every rank at the same step.
 """
 import logging
+import math
 import os
 import time
 
@@ -16,7 +17,7 @@ from tqdm import tqdm
 from .. import distributed as dist
 from ..checkpoint import save_checkpoint
 from ..data import iter_from, seed_epoch
-from ..errors import NonFiniteLoss, Preempted
+from ..errors import DataError, NonFiniteLoss
 from .evaluate import to_device
 from .resume import gather_rng, set_rng_state
 
@@ -36,18 +37,40 @@ class LossWatch:
         self.step = torch.where(first, step, self.step)
         self.loss = torch.where(first, loss, self.loss)
 
-    def raise_if_bad(self, epoch, epochs_done):
+    def raise_if_bad(self, epoch, run):
         step = int(self.step.item())  # the host synchronisation of this check
         if step:
             raise NonFiniteLoss(
                 f"non-finite loss ({self.loss.item()}) at epoch {epoch + 1} step {step}; stopped without saving, "
-                f"so checkpoints/last.pt still holds the last good state (epoch {epochs_done}). Try a lower "
-                f"optim.lr, trainer.amp=off, or check the data.")
+                f"so {last_good(run)}. Try a lower optim.lr, trainer.amp=off, or check the data.")
+
+
+def last_good(run):
+    """Where the last good state is, for the message of a run that stops on NaN/inf (nothing bad is saved)."""
+    if os.path.isfile(os.path.join(run.ckpt_dir, "last.pt")):
+        return f"checkpoints/last.pt still holds the last good state (epoch {run.state['epoch']})"
+    if getattr(run, "resumed_from", None):
+        return f"the checkpoint this run resumed from ({run.resumed_from}) is untouched"
+    return "there is no good checkpoint to resume from (none was saved yet)"
+
+
+def non_finite_state(run, record=None):
+    """Names of what is NaN/inf: the epoch's losses in ``record``, any model or task tensor (agreed by all ranks)."""
+    bad = [k for k in ("train_loss", "val_loss") if record is not None and not math.isfinite(record[k])]
+    tensors = {f"model.{k}": v for k, v in run.model.state_dict().items()}
+    tensors.update({f"task.{n}.{k}": v for n, sd in run.task.state_dict().items() for k, v in sd.items()})
+    floats = [(k, v) for k, v in tensors.items() if v.is_floating_point()]
+    if floats:
+        finite = torch.stack([torch.isfinite(v).all().to(run.device) for _, v in floats]).tolist()  # one sync
+        bad += [k for (k, _), ok in zip(floats, finite) if not ok]
+    if dist.any_rank(bool(bad), run.device) and not bad:
+        bad = ["the state of another process"]
+    return bad
 
 
 def host_check(run, watch, epoch, step, bar, seen, started):
     """The only host synchronisation of the step loop: NaN watch, log line, SIGTERM agreement."""
-    watch.raise_if_bad(epoch, run.state["epoch"])
+    watch.raise_if_bad(epoch, run)
     running = run.sums.compute()
     rate = seen / max(time.perf_counter() - started, 1e-9)
     bar.set_postfix(loss=f"{running['loss']:.3f}", top1=f"{running['top1']:.1f}", img_s=f"{rate:.0f}", refresh=False)
@@ -58,8 +81,12 @@ def host_check(run, watch, epoch, step, bar, seen, started):
 
 
 def preempt(run, epoch, step, bar):
-    """Save a mid-epoch last.pt (every rank's RNG included) and raise Preempted."""
-    log.warning("SIGTERM: stopping after epoch %d step %d, saving checkpoints/last.pt", epoch + 1, step)
+    """Save a mid-epoch last.pt (every rank's RNG included) and raise Preempted (Interrupted for Ctrl-C)."""
+    bad = non_finite_state(run)
+    if bad:
+        raise NonFiniteLoss(f"{run.stop.name} at epoch {epoch + 1} step {step}, but the model state is not finite "
+                            f"({', '.join(bad[:3])}): not saved, so {last_good(run)}. Try a lower optim.lr.")
+    log.warning("%s: stopping after epoch %d step %d, saving checkpoints/last.pt", run.stop.name, epoch + 1, step)
     rng = gather_rng(run.world)
     last = os.path.join(run.ckpt_dir, "last.pt")
     if run.main:
@@ -67,8 +94,8 @@ def preempt(run, epoch, step, bar):
     dist.barrier()
     bar.close()
     run.outputs.close()
-    raise Preempted(f"stopped by SIGTERM at epoch {epoch + 1} step {step}; saved {last}. Re-run with "
-                    f"hydra.run.dir={run.run_dir} to resume (or trainer.resume=<that file>).")
+    raise run.stop.error(f"stopped by {run.stop.name} at epoch {epoch + 1} step {step}; saved {last}. Re-run with "
+                         f"hydra.run.dir={run.run_dir} to resume (or trainer.resume=<that file>).")
 
 
 def _parts(out):
@@ -88,6 +115,10 @@ def train_epoch(run, epoch, start_step):
     watch, log_every = LossWatch(run.device), int(run.cfg.trainer.log_every)
     seen, started, step = 0, time.perf_counter(), start_step
     for step, (images, target) in enumerate(batches, start=start_step + 1):
+        if target.shape[0] < 2:  # only after data.skip_corrupt dropped images: BatchNorm would fail
+            raise DataError(f"epoch {epoch + 1} step {step}: {target.shape[0]} image(s) left in a training batch "
+                            f"after skipping corrupt ones, and BatchNorm needs 2; remove the corrupt files "
+                            f"(named in the warnings above) or use a larger data.batch_size.")
         images, target = to_device(images, target, run.device, run.memory_format)
         out = run.task(images, target)
         watch.update(out["loss"], step)
@@ -101,7 +132,7 @@ def train_epoch(run, epoch, start_step):
         if step % log_every == 0:
             host_check(run, watch, epoch, step, bar, seen, started)
     bar.close()
-    watch.raise_if_bad(epoch, run.state["epoch"])  # the epoch-end check: before validation and any save
+    watch.raise_if_bad(epoch, run)  # the epoch-end check: before validation and any save
     if run.device.type == "cuda":
         torch.cuda.synchronize(run.device)
     return seen, time.perf_counter() - started

@@ -6,6 +6,7 @@ never appears twice.
 """
 import json
 import logging
+import math
 import os
 import sys
 
@@ -39,6 +40,22 @@ def setup_logging(run_dir, main):
     return restore
 
 
+def finite_or_null(value):
+    """``value`` with every NaN/inf float replaced by None, in nested dicts and lists (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_null(v) for v in value]
+    return value
+
+
+def json_line(record):
+    """Strict JSON of ``record`` (NaN/inf written as null, never as a bare NaN), no newline."""
+    return json.dumps(finite_or_null(record), allow_nan=False)
+
+
 def extra_keys(record):
     """The record's task-specific keys (loss parts, a teacher's metrics), in a stable order."""
     return sorted(k for k in record if k not in BASE_KEYS)
@@ -61,7 +78,7 @@ class RunOutputs:
             return
         tmp = self.metrics + ".tmp"
         with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in history)
+            f.writelines(json_line(r) + "\n" for r in history)
         os.replace(tmp, self.metrics)
 
     def write_epoch(self, record, alphas, model, histograms):
@@ -82,7 +99,7 @@ class RunOutputs:
                     w.add_histogram(f"adder_weight/{name}", module.weight.detach().float().cpu(), step)
         w.flush()
         with open(self.metrics, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json_line(record) + "\n")
 
     def close(self, hparams=None, metrics=None):
         if self.writer is not None:

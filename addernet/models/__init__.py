@@ -20,6 +20,10 @@ MODELS = {
 }
 
 
+# dataset family -> (configs/data/<name>.yaml, input side) the family's models are made for
+NATIVE_DATA = {"CIFAR": ("cifar10", 32), "MNIST": ("mnist", 28), "ImageNet": ("imagenet", 224)}
+
+
 def list_models():
     """Names accepted by build_model."""
     return list(MODELS)
@@ -41,4 +45,4 @@ def build_model(name, layer="adder", num_classes=10, in_channels=None):
     return fn(layer=layer, num_classes=num_classes, in_channels=in_channels or default_in)
 
 
-__all__ = ["MODELS", "LAYERS", "build_model", "list_models"]
+__all__ = ["MODELS", "LAYERS", "NATIVE_DATA", "build_model", "list_models"]
