@@ -8,8 +8,9 @@ import importlib
 from ..errors import ConfigError
 from .base import TrainingTask, unwrap
 from .classification import ClassificationTask
+from .kd import KDTask
 
-TASKS = {"classification": ClassificationTask}
+TASKS = {"classification": ClassificationTask, "kd": KDTask}
 
 
 def task_class(name):
@@ -34,4 +35,4 @@ def build_task(model, cfg):
     return cls(model, cfg.task, cfg)
 
 
-__all__ = ["TASKS", "ClassificationTask", "TrainingTask", "build_task", "task_class", "unwrap"]
+__all__ = ["TASKS", "ClassificationTask", "KDTask", "TrainingTask", "build_task", "task_class", "unwrap"]
