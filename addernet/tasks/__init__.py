@@ -9,8 +9,9 @@ from ..errors import ConfigError
 from .base import TrainingTask, unwrap
 from .classification import ClassificationTask
 from .kd import KDTask
+from .pkkd import PKKDTask
 
-TASKS = {"classification": ClassificationTask, "kd": KDTask}
+TASKS = {"classification": ClassificationTask, "kd": KDTask, "pkkd": PKKDTask}
 
 
 def task_class(name):
@@ -35,4 +36,4 @@ def build_task(model, cfg):
     return cls(model, cfg.task, cfg)
 
 
-__all__ = ["TASKS", "ClassificationTask", "KDTask", "TrainingTask", "build_task", "task_class", "unwrap"]
+__all__ = ["TASKS", "ClassificationTask", "KDTask", "PKKDTask", "TrainingTask", "build_task", "task_class", "unwrap"]

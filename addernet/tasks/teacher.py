@@ -32,7 +32,8 @@ def check_teacher_fits(teacher, path, data):
     shape = (1, int(data.in_channels), int(data.image_size), int(data.image_size))
     try:
         with torch.no_grad():
-            out = teacher.eval()(torch.zeros(shape)).flatten(1)
+            param = next(teacher.parameters())
+            out = teacher.eval()(torch.zeros(shape, dtype=param.dtype, device=param.device)).flatten(1)
     except (RuntimeError, ValueError) as e:
         raise ConfigError(f"task.teacher={path} cannot take the student's inputs {tuple(shape[1:])} "
                           f"(data.in_channels, data.image_size): {str(e).splitlines()[0]}") from None
@@ -41,8 +42,11 @@ def check_teacher_fits(teacher, path, data):
                           f"{data.num_classes}; use a teacher trained for the same classes.")
 
 
-def load_teacher(cfg, full_cfg):
-    """The frozen teacher of ``cfg.teacher`` (eval mode, no gradients) and a one-line description."""
+def load_teacher(cfg, full_cfg, default_layer=None):
+    """The frozen teacher of ``cfg.teacher`` (eval mode, no gradients) and a one-line description.
+
+    ``default_layer`` is the body layer assumed for a bare state_dict when task.teacher_layer is not set.
+    """
     path = str(cfg.teacher)
     state, stored, kind = read_checkpoint(path)  # CheckpointError: missing, truncated, unsafe
     if stored is not None:
@@ -58,7 +62,7 @@ def load_teacher(cfg, full_cfg):
                                   f"{own}; drop task.{key} (our checkpoints build their own architecture).")
         tcfg = OmegaConf.create({"model": model_cfg, "data": OmegaConf.to_container(full_cfg.data, resolve=True)})
     else:
-        layer = cfg.get("teacher_layer") or ("adder" if any(k.endswith(".adder") for k in state) else None)
+        layer = cfg.get("teacher_layer") or default_layer or ("adder" if any(k.endswith(".adder") for k in state) else None)
         if layer is None:
             raise ConfigError(f"task.teacher={path} is a bare state_dict with no stored config; say which network it "
                               f"is with task.teacher_layer=conv|adder (and task.teacher_model=<name> if it is not "
