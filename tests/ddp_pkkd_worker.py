@@ -44,7 +44,8 @@ def build_task():
                              "data": {"in_channels": 3, "image_size": 8, "num_classes": NUM_CLASSES},
                              "task": {"name": "pkkd", "teacher": "cotrain", "teacher_loss": "dml", "kernel": True,
                                       "layers": "all", "temperature": 2.0, "kd_weight": 1.0, "feature_weight": 5.0,
-                                      "sigma_scale": 1.0, "sigma_momentum": 0.5}})
+                                      "sigma_scale": 1.0, "sigma_momentum": 0.5, "rho_side": "student",
+                                      "rho_init": "identity", "rho_bias": False}})
     task = PKKDTask(student, full.task, full, teacher=teacher)
     task.head.double()
     return task

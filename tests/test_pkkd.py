@@ -4,6 +4,7 @@ of the student, layer selection, bad input, and DDP (2 gloo ranks) equals one pr
 import copy
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,12 +16,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from addernet import AdaptiveLR, Adder2d
+from addernet.checkpoint import load_checkpoint
 from addernet.engine import model_from_config, train
 from addernet.errors import CheckpointError, ConfigError
 from addernet.optim import build_optimizer
 from addernet.tasks import build_task
 from addernet.tasks.kernels import conv_sq_distance, gaussian_kernel, laplacian_kernel
-from helpers import REPO, SHARED, compose
+from helpers import REPO, SHARED, compose, metrics_without_timing, signal_at, start_train
 
 WORKER = Path(__file__).resolve().parent / "ddp_pkkd_worker.py"
 LENET = ["model=lenet5_bn", "data=fake", "data.image_size=28", "data.train_size=16", "data.val_size=8",
@@ -72,8 +74,9 @@ def _task(*extra):
     return task.train(), cfg
 
 
-def test_feature_loss_is_the_kernel_formula_by_unfolding_and_rho_starts_as_identity():
-    task, _ = _task("task.kd_weight=0.5", "task.feature_weight=3")
+@pytest.mark.parametrize("side", ["student", "teacher"])
+def test_feature_loss_is_the_kernel_formula_by_unfolding_and_rho_starts_as_identity(side):
+    task, _ = _task("task.kd_weight=0.5", "task.feature_weight=3", f"task.rho_side={side}")
     assert task.layers == ["conv2"] and set(task.extra_modules()) == {"teacher", "rho"}
     seen = {}
     task.model.conv2.register_forward_hook(lambda m, i, o: seen.__setitem__("a", i[0]))
@@ -94,6 +97,8 @@ def test_feature_loss_is_the_kernel_formula_by_unfolding_and_rho_starts_as_ident
     # rho lives in the task, not in the student (test.py evaluates the student as any AdderNet).
     assert not any("rho" in k for k in task.model.state_dict())
     assert torch.equal(task.head.rho[0].weight.view(16, 16), torch.eye(16))
+    out["loss"].backward()
+    assert task.head.rho[0].weight.grad.abs().sum() > 0  # rho learns on either side
 
 
 def test_no_gradient_leaks_between_student_and_teacher():
@@ -198,3 +203,37 @@ def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
     for part, name in (("student", "body2.weight"), ("teacher", "body2.weight"), ("rho", "rho.0.weight")):
         assert (reference[part][name] - init[part][name]).abs().max() > 1e-3  # the steps moved every network
     assert reference["rho"]["updates"].item() == worker.STEPS
+
+
+def _resume_args(root, run=None):
+    args = ["data=cifar10_folder", f"data.root={root}", "data.num_classes=4", "data.batch_size=8",
+            "data.image_size=28", "model=lenet5_bn", "task=pkkd", "data.num_workers=0", "data.pin_memory=false",
+            "trainer.epochs=3", "trainer.deterministic=true", "trainer.progress=false", "trainer.log_every=1",
+            "trainer.seed=3"]
+    return args + ([f"hydra.run.dir={run}"] if run else [])
+
+
+@pytest.mark.slow
+def test_kill_and_resume_equals_uninterrupted_for_student_teacher_and_rho(tmp_path, jpeg_cifar):
+    reference = tmp_path / "reference"
+    train(compose(_resume_args(jpeg_cifar)), str(reference))
+
+    run = tmp_path / "interrupted"
+    log = run / "train.log"
+    proc = start_train(_resume_args(jpeg_cifar, run))  # SIGTERM mid-epoch 2: a mid-epoch last.pt (RNG included)
+    assert signal_at(proc, log, "epoch 2/3 step 2/6", signal.SIGTERM) == 143, proc.stderr.read()[-2000:]
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] >= 2
+    proc = start_train(_resume_args(jpeg_cifar, run))  # SIGKILL mid-epoch 3: nothing saved
+    assert signal_at(proc, log, "epoch 3/3 step 3/6", signal.SIGKILL) == -signal.SIGKILL
+    proc = start_train(_resume_args(jpeg_cifar, run))
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
+    assert log.read_text().count("resumed from") == 2
+
+    assert metrics_without_timing(run / "metrics.jsonl") == metrics_without_timing(reference / "metrics.jsonl")
+    ref, got = (load_checkpoint(r / "checkpoints" / "last.pt") for r in (reference, run))
+    assert set(got["task"]) == {"teacher", "rho"}
+    for name, state in [("model", ref["model"]), *(("task." + k, v) for k, v in ref["task"].items())]:
+        other = got["model"] if name == "model" else got["task"][name[5:]]
+        assert set(state) == set(other) and all(torch.equal(state[k], other[k]) for k in state), name
+    init = build_task(model_from_config(compose(_resume_args(jpeg_cifar))), compose(_resume_args(jpeg_cifar)))
+    assert not torch.equal(init.teacher.conv2.weight, ref["task"]["teacher"]["conv2.weight"])  # the teacher trained

@@ -41,15 +41,18 @@ TINY = 1e-6  # kernel values below this count as underflowed (logged as kernel_t
 
 
 class KernelHead(nn.Module):
-    """The student-side maps rho_m (1x1 conv, identity init, no bias) and each layer's running distance scale."""
+    """The maps rho_m (1x1 conv C -> C; identity init and no bias by default) and each layer's running distance scale."""
 
-    def __init__(self, channels, momentum):
+    def __init__(self, channels, momentum, init="identity", bias=False):
         super().__init__()
         self.momentum = float(momentum)
-        self.rho = nn.ModuleList(nn.Conv2d(c, c, 1, bias=False) for c in channels)
+        self.rho = nn.ModuleList(nn.Conv2d(c, c, 1, bias=bias) for c in channels)
         with torch.no_grad():
             for conv, c in zip(self.rho, channels):
-                conv.weight.copy_(torch.eye(c).view(c, c, 1, 1))
+                if init == "identity":  # "default" keeps PyTorch's Conv2d init
+                    conv.weight.copy_(torch.eye(c).view(c, c, 1, 1))
+                if conv.bias is not None:
+                    conv.bias.zero_()
         self.register_buffer("student_scale", torch.ones(len(channels)))
         self.register_buffer("teacher_scale", torch.ones(len(channels)))
         self.register_buffer("updates", torch.zeros((), dtype=torch.long))
@@ -134,6 +137,9 @@ class PKKDTask(TrainingTask):
             raise ConfigError(f"task.sigma_momentum must be in (0, 1], got {cfg.sigma_momentum}.")
         choice(cfg, "teacher_loss", "task.teacher_loss", ("ce", "dml"))
         choice(cfg, "kernel", "task.kernel", (True, False))
+        choice(cfg, "rho_side", "task.rho_side", ("student", "teacher"))
+        choice(cfg, "rho_init", "task.rho_init", ("identity", "default"))
+        choice(cfg, "rho_bias", "task.rho_bias", (True, False))
         layers = cfg.get("layers")
         if not (layers in ("all", "stage_last") or OmegaConf.is_list(layers) and len(layers) > 0):
             raise ConfigError(f"task.layers={layers!r} is not valid; use all, stage_last or a list of adder layer "
@@ -163,7 +169,8 @@ class PKKDTask(TrainingTask):
         order = layer_order(teacher, names, full_cfg.data)
         self.layers = select_layers(order, cfg.layers if isinstance(cfg.layers, str) else list(cfg.layers))
         student_modules, teacher_modules = dict(model.named_modules()), dict(teacher.named_modules())
-        self.head = KernelHead([student_modules[n].out_channels for n in self.layers], cfg.sigma_momentum)
+        self.head = KernelHead([student_modules[n].out_channels for n in self.layers], cfg.sigma_momentum,
+                               cfg.rho_init, bool(cfg.rho_bias))
         self._capturing, self._student, self._teacher = False, {}, {}
         for name in self.layers:
             student_modules[name].register_forward_hook(self._keep(self._student, name, with_input=False))
@@ -210,13 +217,17 @@ class PKKDTask(TrainingTask):
             inputs = [laplacian_kernel(y, scale * s) for y, s in zip(student, self.head.student_scale)]
         else:
             inputs = [full(y) / s for y, s in zip(student, self.head.student_scale)]
-        with torch.autocast(inputs[0].device.type, enabled=False):
-            mapped = self.extra_net("rho")(inputs)
-        loss = torch.stack([F.mse_loss(full(p), t) for p, t in zip(mapped, targets)]).mean()
+        student_kernels, teacher_kernels = [g.detach() for g in inputs], targets
+        with torch.autocast(inputs[0].device.type, enabled=False):  # rho on the student side (default) or the teacher's
+            if self.cfg.rho_side == "student":
+                inputs = self.extra_net("rho")(inputs)
+            else:
+                targets = self.extra_net("rho")(targets)
+        loss = torch.stack([F.mse_loss(full(p), t) for p, t in zip(inputs, targets)]).mean()
         parts = {}
         if kernel:
-            parts["kernel_tiny_student"] = torch.stack([(g < TINY).float().mean() for g in inputs]).mean().detach()
-            parts["kernel_tiny_teacher"] = torch.stack([(h < TINY).float().mean() for h in targets]).mean()
+            parts["kernel_tiny_student"] = torch.stack([(g < TINY).float().mean() for g in student_kernels]).mean()
+            parts["kernel_tiny_teacher"] = torch.stack([(h < TINY).float().mean() for h in teacher_kernels]).mean()
         return loss, parts
 
     def forward(self, images, target):
