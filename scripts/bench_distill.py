@@ -96,8 +96,10 @@ def time_one(args):
     from addernet.tasks import build_task
 
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("train", overrides=common_overrides(args, args.root) + method_overrides(args.time_one, args.teacher))
+        overrides = common_overrides(args, args.root) + method_overrides(args.time_one, args.teacher)
+        cfg = compose("train", overrides=overrides)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     task = build_task(model_from_config(cfg).to(device), cfg)
     task.setup(device, "off", torch.contiguous_format)
@@ -107,9 +109,9 @@ def time_one(args):
     task.train()
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
     y = torch.randint(0, 10, (args.batch_size,), device=device)
-    times, rss0 = [], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times, cpu, rss0 = [], [], resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for step in range(args.warmup + args.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = task(x, y)
         optimizer.zero_grad(set_to_none=True)
         out["loss"].backward()
@@ -118,9 +120,10 @@ def time_one(args):
             torch.cuda.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     peak = (torch.cuda.max_memory_allocated() if device.type == "cuda"
             else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024)
-    print(json.dumps({"step_s": statistics.median(times), "peak_mib": peak / 2 ** 20}))
+    print(json.dumps({"step_s": statistics.median(times), "cpu_s": statistics.median(cpu), "peak_mib": peak / 2 ** 20}))
 
 
 def time_all(args, root, out, env):
@@ -146,20 +149,23 @@ def table(args, out, walls, samples, loads):
         last = records[-1]
         best = max(records, key=lambda r: r["val_top1"])
         steps = [s["step_s"] for s in samples[method]]
+        cpu = [s.get("cpu_s", float("nan")) for s in samples[method]]
         row = {"final_top1": last["val_top1"], "best_top1": best["val_top1"], "best_epoch": best["epoch"],
                "teacher_final_top1": last.get("teacher_val_top1"), "val_n": last["val_n"],
                "step_s_median": statistics.median(steps), "step_s_min": min(steps), "step_s_max": max(steps),
+               "cpu_s_median": statistics.median(cpu), "cpu_s_min": min(cpu), "cpu_s_max": max(cpu),
                "peak_mib": statistics.median(s["peak_mib"] for s in samples[method]),
                "train_minutes": sum(r["epoch_seconds"] for r in records) / 60}
         rows[method] = row
         cnn_top1 = row["final_top1"] if method == "cnn" else cnn_top1
-    lines.append(f"| run | final top-1 % | best top-1 % (epoch) | teacher final top-1 % | step s, median "
-                 f"[min-max] of {args.rounds} | peak mem MiB | train min |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append(f"| run | final top-1 % | best top-1 % (epoch) | teacher final top-1 % | step wall s, median "
+                 f"[min-max] of {args.rounds} | step CPU s ({args.threads} thread) | peak mem MiB | train min |")
+    lines.append("|---|---|---|---|---|---|---|---|")
     for method, r in rows.items():
         teacher = f"{r['teacher_final_top1']:.2f}" if r["teacher_final_top1"] is not None else "-"
         lines.append(f"| {method} | {r['final_top1']:.2f} | {r['best_top1']:.2f} ({r['best_epoch']}) | {teacher} | "
-                     f"{r['step_s_median']:.3f} [{r['step_s_min']:.3f}-{r['step_s_max']:.3f}] | {r['peak_mib']:.0f} | "
+                     f"{r['step_s_median']:.3f} [{r['step_s_min']:.3f}-{r['step_s_max']:.3f}] | "
+                     f"{r['cpu_s_median']:.3f} [{r['cpu_s_min']:.3f}-{r['cpu_s_max']:.3f}] | {r['peak_mib']:.0f} | "
                      f"{r['train_minutes']:.1f} |")
     lines.append(f"\nval n = {next(iter(rows.values()))['val_n']}; load average (1/5/15 min) before timing "
                  f"{'/'.join(f'{v:.1f}' for v in loads[0])}, after {'/'.join(f'{v:.1f}' for v in loads[1])}.")
@@ -182,6 +188,8 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     p.add_argument("--steps", type=int, default=5, help="timed steps per round (after --warmup)")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the timing processes (1: CPU time is "
+                   "robust to machine load)")
     p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--extra", nargs="*", default=[], help="more train.py overrides for every run")
     p.add_argument("--time-one", help=argparse.SUPPRESS)
@@ -202,12 +210,15 @@ def main():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     started = datetime.datetime.now().isoformat(timespec="minutes")
     walls = train_all(args, root, args.out, env)
-    samples, *loads = ({m: [{"step_s": float("nan"), "peak_mib": float("nan")}] for m in args.methods}, (0, 0, 0),
-                       (0, 0, 0)) if args.skip_timing else time_all(args, root, args.out, env)
+    if args.skip_timing:
+        nan = {"step_s": float("nan"), "cpu_s": float("nan"), "peak_mib": float("nan")}
+        samples, loads = {m: [nan] for m in args.methods}, ((0, 0, 0), (0, 0, 0))
+    else:
+        samples, *loads = time_all(args, root, args.out, env)
     rows, md = table(args, args.out, walls, samples, loads)
     cmd = "python scripts/bench_distill.py " + " ".join(sys.argv[1:])
-    header = (f"Distillation benchmark, started {started}: {args.model}, {args.epochs} epochs, batch {args.batch_size}, "
-              f"data {root}\n`{cmd}`\n")
+    header = (f"Distillation benchmark, started {started}: {args.model}, {args.epochs} epochs, "
+              f"batch {args.batch_size}, data {root}\n`{cmd}`\n")
     (args.out / "results.md").write_text(header + "\n" + md + "\n")
     (args.out / "results.json").write_text(json.dumps({"command": cmd, "started": started, "args": {
         k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "rows": rows, "samples": samples,

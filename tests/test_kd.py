@@ -4,7 +4,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from addernet.checkpoint import load_checkpoint, save_checkpoint, training_checkpoint
 from addernet.engine import evaluate, model_from_config, train

@@ -237,3 +237,21 @@ def test_kill_and_resume_equals_uninterrupted_for_student_teacher_and_rho(tmp_pa
         assert set(state) == set(other) and all(torch.equal(state[k], other[k]) for k in state), name
     init = build_task(model_from_config(compose(_resume_args(jpeg_cifar))), compose(_resume_args(jpeg_cifar)))
     assert not torch.equal(init.teacher.conv2.weight, ref["task"]["teacher"]["conv2.weight"])  # the teacher trained
+
+
+@pytest.mark.distributed
+def test_torchrun_pkkd_run_trains_both_networks_and_resumes_cleanly(tmp_path):
+    """The engine path: scripts/dist_train.sh 2 task=pkkd; rank 0's checkpoint holds bare (unwrapped) modules."""
+    run = tmp_path / "run"
+    args = ["data=fake", "data.train_size=32", "data.val_size=13", "data.batch_size=8", "model=lenet5_bn",
+            "data.image_size=28", "trainer.epochs=1", "trainer.progress=false", "trainer.log_every=1", "task=pkkd"]
+    proc = subprocess.run(["bash", "scripts/dist_train.sh", "2", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHON": sys.executable, "RUN_DIR": str(run),
+                                            "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert ckpt["world_size"] == 2 and set(ckpt["task"]) == {"teacher", "rho"}
+    assert not any(k.startswith("module.") for part in ckpt["task"].values() for k in part)
+    assert len(ckpt["optimizer"]["param_groups"]) == 3
+    text = (run / "train.log").read_text()
+    assert "| 2 process(es) |" in text and "teacher_val_top1" in text and "train_feature" in text

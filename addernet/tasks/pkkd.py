@@ -41,7 +41,7 @@ TINY = 1e-6  # kernel values below this count as underflowed (logged as kernel_t
 
 
 class KernelHead(nn.Module):
-    """The maps rho_m (1x1 conv C -> C; identity init and no bias by default) and each layer's running distance scale."""
+    """The maps rho_m (1x1 conv C -> C; identity init, no bias by default) and each layer's running distance scale."""
 
     def __init__(self, channels, momentum, init="identity", bias=False):
         super().__init__()
@@ -145,8 +145,8 @@ class PKKDTask(TrainingTask):
             raise ConfigError(f"task.layers={layers!r} is not valid; use all, stage_last or a list of adder layer "
                               f"names, e.g. task.layers=[layer3.2.conv2].")
         if cfg.teacher != COTRAIN and cfg.teacher_loss != "ce":
-            raise ConfigError(f"task.teacher_loss={cfg.teacher_loss} trains the teacher, but task.teacher={cfg.teacher} "
-                              f"is frozen; use task.teacher=cotrain or task.teacher_loss=ce.")
+            raise ConfigError(f"task.teacher_loss={cfg.teacher_loss} trains the teacher, but task.teacher="
+                              f"{cfg.teacher} is frozen; use task.teacher=cotrain or task.teacher_loss=ce.")
 
     def __init__(self, model, cfg, full_cfg=None, teacher=None):
         """``teacher`` (optional) replaces the CNN twin built from the config: for programmatic use and tests."""

@@ -22,9 +22,9 @@ def _check_data(path, stored_data, data):
     for key in DATA_SHAPE_KEYS:
         theirs, ours = stored_data.get(key), data.get(key)
         if theirs is not None and ours is not None and int(theirs) != int(ours):
-            raise ConfigError(f"task.teacher={path} was trained with data.{key}={theirs} (data={stored_data.get('name')}) "
-                              f"but the student uses data.{key}={ours} (data={data.get('name')}); use a teacher "
-                              f"trained on the student's dataset and input size.")
+            raise ConfigError(f"task.teacher={path} was trained with data.{key}={theirs} (data="
+                              f"{stored_data.get('name')}) but the student uses data.{key}={ours} (data="
+                              f"{data.get('name')}); use a teacher trained on the student's dataset and input size.")
 
 
 def check_teacher_fits(teacher, path, data):
@@ -62,7 +62,8 @@ def load_teacher(cfg, full_cfg, default_layer=None):
                                   f"{own}; drop task.{key} (our checkpoints build their own architecture).")
         tcfg = OmegaConf.create({"model": model_cfg, "data": OmegaConf.to_container(full_cfg.data, resolve=True)})
     else:
-        layer = cfg.get("teacher_layer") or default_layer or ("adder" if any(k.endswith(".adder") for k in state) else None)
+        official_adder = any(k.endswith(".adder") for k in state)
+        layer = cfg.get("teacher_layer") or default_layer or ("adder" if official_adder else None)
         if layer is None:
             raise ConfigError(f"task.teacher={path} is a bare state_dict with no stored config; say which network it "
                               f"is with task.teacher_layer=conv|adder (and task.teacher_model=<name> if it is not "
