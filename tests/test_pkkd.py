@@ -240,7 +240,7 @@ def test_kill_and_resume_equals_uninterrupted_for_student_teacher_and_rho(tmp_pa
 
 
 @pytest.mark.distributed
-def test_torchrun_pkkd_run_trains_both_networks_and_resumes_cleanly(tmp_path):
+def test_torchrun_pkkd_run_checkpoints_bare_student_teacher_and_rho(tmp_path):
     """The engine path: scripts/dist_train.sh 2 task=pkkd; rank 0's checkpoint holds bare (unwrapped) modules."""
     run = tmp_path / "run"
     args = ["data=fake", "data.train_size=32", "data.val_size=13", "data.batch_size=8", "model=lenet5_bn",
