@@ -9,6 +9,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -117,6 +118,26 @@ def metrics_without_timing(path):
     timing = {"epoch_seconds", "images_per_s", "val_images_per_s"}
     return [{k: v for k, v in json.loads(line).items() if k not in timing}
             for line in Path(path).read_text().splitlines()]
+
+
+def start_train(args):
+    """Start ``python train.py args...`` in the background (stdout discarded, stderr kept)."""
+    return subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def signal_at(proc, log, line, sig, timeout=240):
+    """Send ``sig`` to ``proc`` as soon as ``line`` shows up in the run's train.log (i.e. mid-epoch); its exit code."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before {line!r}: {proc.stderr.read()[-2000:]}")
+        if log.exists() and line in log.read_text():
+            proc.send_signal(sig)
+            return proc.wait(timeout=120)
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"{line!r} never appeared in {log}")
 
 
 # ---------------------------------------------------------------- test-only training tasks (task.name=helpers.X)

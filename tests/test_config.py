@@ -18,8 +18,10 @@ DATA_KEYS = {"name", "root", "num_classes", "image_size", "in_channels", "batch_
 
 def test_one_preset_per_paper_row():
     rows = {f"{d}_{m}" for d in ("cifar10", "cifar100") for m in ("resnet20", "resnet32", "vgg_small")}
-    rows |= {"mnist_lenet5_bn", "imagenet_resnet18", "imagenet_resnet50"}
-    assert set(PRESETS) == {f"{r}_{form}" for r in rows for form in ("adder", "cnn")}
+    rows |= {"imagenet_resnet18", "imagenet_resnet50"}
+    pkkd = {f"{r}_pkkd" for r in rows}  # PKKD rows (Xu et al. 2020): every CIFAR and ImageNet model, no MNIST
+    rows |= {"mnist_lenet5_bn"}
+    assert set(PRESETS) == {f"{r}_{form}" for r in rows for form in ("adder", "cnn")} | pkkd
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -29,15 +31,16 @@ def test_preset_composes_with_the_paper_recipe_and_builds(preset):
     dataset, form = preset.split("_")[0], preset.rsplit("_", 1)[1]
     model_name = preset[len(dataset) + 1:-len(form) - 1]
     assert cfg.model.name == model_name and cfg.data.name == dataset
-    assert cfg.model.layer == ("adder" if form == "adder" else "conv")
-    assert cfg.adaptive_lr.enabled == (form == "adder")
+    assert cfg.model.layer == ("conv" if form == "cnn" else "adder")  # pkkd: an AdderNet student
+    assert cfg.adaptive_lr.enabled == (form != "cnn")
+    assert cfg.task.name == ("pkkd" if form == "pkkd" else "classification")
     # Paper Sec. 4: SGD lr 0.1, momentum 0.9, batch 256, cosine; per-dataset epochs / wd / eta.
     assert (cfg.optim.name, cfg.optim.lr, cfg.optim.momentum, cfg.data.batch_size) == ("sgd", 0.1, 0.9, 256)
     assert cfg.sched.name == "cosine" and cfg.sched.eta_min == 0
     expected = {"cifar10": (400, 5e-4, 0.2), "cifar100": (400, 5e-4, 0.2), "mnist": (50, 5e-4, 0.2),
                 "imagenet": (150, 1e-4, 0.05)}[dataset]
     assert (cfg.trainer.epochs, cfg.optim.weight_decay) == expected[:2]
-    if form == "adder":
+    if form != "cnn":
         assert cfg.adaptive_lr.eta == expected[2]
     if dataset.startswith("cifar"):
         assert list(cfg.data.mean) == [0.4914, 0.4822, 0.4465] and list(cfg.data.std) == [0.2023, 0.1994, 0.2010]
@@ -48,7 +51,7 @@ def test_preset_composes_with_the_paper_recipe_and_builds(preset):
 
     model = model_from_config(cfg)
     n_adder = sum(isinstance(m, Adder2d) for m in model.modules())
-    assert (n_adder > 0) == (form == "adder")
+    assert (n_adder > 0) == (form != "cnn")
     if dataset != "imagenet" and (form == "cnn" or model_name in ("resnet20", "lenet5_bn")):
         size = cfg.data.image_size
         x = torch.randn(2, cfg.data.in_channels, size, size)

@@ -15,7 +15,8 @@ SCRIPT = REPO / "scripts" / "reproduce.sh"
 
 
 def test_one_script_lists_every_preset_with_its_paper_number():
-    assert len(EXPERIMENTS) == 18  # CIFAR-10/100 x 3 models + ImageNet x 2 + MNIST x 1, adder and CNN each
+    # CIFAR-10/100 x 3 models + ImageNet x 2 + MNIST x 1, adder and CNN each; PKKD for all but MNIST
+    assert len(EXPERIMENTS) == 18 + 8
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     r = subprocess.run([str(SCRIPT), "--list"], capture_output=True, text=True)
     assert r.returncode == 0
@@ -23,6 +24,7 @@ def test_one_script_lists_every_preset_with_its_paper_number():
     assert sorted(listed) == ALL_PRESETS
     assert re.search(r"reports 91\.84%", listed["cifar10_resnet20_adder"])
     assert all(re.search(r"reports [0-9.]+%", listed[name]) for name in EXPERIMENTS)
+    assert re.search(r"PKKD .*reports 92\.96%", listed["cifar10_resnet20_pkkd"])
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
@@ -30,8 +32,10 @@ def test_every_preset_composes_as_its_name_says(name):
     dataset, rest = name.split("_", 1)
     model, form = rest.rsplit("_", 1)
     cfg = compose([f"experiment={name}"])  # the preset composes, and is the row the name says
-    assert (cfg.data.name, cfg.model.name, cfg.model.layer) == (dataset, model, {"adder": "adder", "cnn": "conv"}[form])
-    assert cfg.adaptive_lr.enabled == (form == "adder")
+    layer = {"adder": "adder", "cnn": "conv", "pkkd": "adder"}[form]  # pkkd: an AdderNet student of task=pkkd
+    assert (cfg.data.name, cfg.model.name, cfg.model.layer) == (dataset, model, layer)
+    assert cfg.adaptive_lr.enabled == (form != "cnn")
+    assert cfg.task.name == ("pkkd" if form == "pkkd" else "classification")
 
 
 def test_unknown_preset_is_a_clear_error():

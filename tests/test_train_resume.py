@@ -2,9 +2,6 @@
 moment plus resume gives exactly the metrics and weights of an uninterrupted run (deterministic, CPU)."""
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -12,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from addernet.checkpoint import load_checkpoint
 from addernet.engine import train
-from helpers import REPO, compose, metrics_without_timing
+from helpers import compose, metrics_without_timing, signal_at as _signal_at, start_train as _start
 
 EPOCHS = 3
 
@@ -23,25 +20,6 @@ def _args(root, run=None):
             f"trainer.epochs={EPOCHS}", "trainer.deterministic=true", "trainer.progress=false",
             "trainer.log_every=1", "trainer.seed=3"]
     return args + ([f"hydra.run.dir={run}"] if run else [])
-
-
-def _start(args):
-    return subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def _signal_at(proc, log, line, sig, timeout=240):
-    """Send ``sig`` as soon as ``line`` shows up in the run's train.log (i.e. mid-epoch)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended before {line!r}: {proc.stderr.read()[-2000:]}")
-        if log.exists() and line in log.read_text():
-            proc.send_signal(sig)
-            return proc.wait(timeout=120)
-        time.sleep(0.02)
-    proc.kill()
-    raise AssertionError(f"{line!r} never appeared in {log}")
 
 
 @pytest.mark.slow

@@ -8,8 +8,10 @@ import importlib
 from ..errors import ConfigError
 from .base import TrainingTask, unwrap
 from .classification import ClassificationTask
+from .kd import KDTask
+from .pkkd import PKKDTask
 
-TASKS = {"classification": ClassificationTask}
+TASKS = {"classification": ClassificationTask, "kd": KDTask, "pkkd": PKKDTask}
 
 
 def task_class(name):
@@ -34,4 +36,4 @@ def build_task(model, cfg):
     return cls(model, cfg.task, cfg)
 
 
-__all__ = ["TASKS", "ClassificationTask", "TrainingTask", "build_task", "task_class", "unwrap"]
+__all__ = ["TASKS", "ClassificationTask", "KDTask", "PKKDTask", "TrainingTask", "build_task", "task_class", "unwrap"]

@@ -1,0 +1,80 @@
+"""Logit distillation from a frozen teacher (Hinton et al., 2015): ``task=kd task.teacher=PATH``.
+
+    loss = (1 - alpha) * CE(z_s, y) + alpha * T^2 * KL(softmax(z_t / T) || softmax(z_s / T))
+
+The teacher (addernet.tasks.teacher.load_teacher: any checkpoint test.py reads) runs in eval mode,
+under no_grad, on the same augmented batch and in the same autocast dtype as the student; it has no
+trainable parameters and is never in the optimizer. Its validation accuracy is reported every epoch
+(``teacher_val_top1``); parts: ``ce``, ``kd`` (the T^2-scaled KL), ``teacher_top1`` (train batches).
+"""
+import logging
+
+import torch
+import torch.nn.functional as F
+
+from ..checks import number
+from ..engine.evaluate import logits_and_loss
+from ..errors import ConfigError
+from .base import TrainingTask
+from .teacher import load_teacher
+
+log = logging.getLogger("addernet.train")
+
+
+def kd_term(student_logits, teacher_logits, temperature):
+    """T^2 * KL(softmax(z_t / T) || softmax(z_s / T)), averaged over the batch (gradient only via z_s)."""
+    t = float(temperature)
+    return F.kl_div(F.log_softmax(student_logits / t, dim=1), F.log_softmax(teacher_logits.detach() / t, dim=1),
+                    log_target=True, reduction="batchmean") * t * t
+
+
+def batch_top1(logits, target):
+    """Top-1 accuracy of a batch in percent (a device tensor: no host sync)."""
+    return (logits.argmax(1) == target).float().mean() * 100
+
+
+def check_temperature(cfg):
+    number(cfg, "temperature", "task.temperature", positive=True)
+
+
+def check_teacher_path(cfg, allowed=()):
+    teacher = cfg.get("teacher")
+    if teacher in allowed:
+        return
+    if not isinstance(teacher, str) or not teacher.strip():
+        extra = "".join(f" or task.teacher={a}" for a in allowed)
+        raise ConfigError(f"task.teacher is not set; give the teacher checkpoint: task.teacher=PATH{extra} (e.g. the "
+                          f"CNN twin's <run dir>/checkpoints/best.pt).")
+
+
+class KDTask(TrainingTask):
+    """Student trained on (1 - alpha) CE + alpha T^2 KL to a frozen teacher's logits."""
+
+    @classmethod
+    def check_config(cls, cfg, full_cfg):
+        check_teacher_path(cfg)
+        check_temperature(cfg)
+        alpha = number(cfg, "alpha", "task.alpha")
+        if alpha > 1:
+            raise ConfigError(f"task.alpha must be in [0, 1] (the weight of the distillation term), got {alpha}.")
+
+    def __init__(self, model, cfg, full_cfg=None):
+        super().__init__(model, cfg, full_cfg)
+        self.teacher, desc = load_teacher(cfg, full_cfg)
+        log.info("kd teacher %s (frozen): T=%g alpha=%g", desc, cfg.temperature, cfg.alpha)
+
+    def extra_modules(self):
+        return {"teacher": self.teacher}
+
+    def eval_models(self):
+        return {"teacher": self.teacher}
+
+    def forward(self, images, target):
+        with torch.no_grad(), self.autocast():
+            teacher_logits = self.teacher(images)
+        teacher_logits = teacher_logits.float().flatten(1)
+        logits, ce = logits_and_loss(self.net, images, target, self.amp)
+        kd = kd_term(logits, teacher_logits, self.cfg.temperature)
+        alpha = float(self.cfg.alpha)
+        return {"loss": (1 - alpha) * ce + alpha * kd, "output": logits, "ce": ce.detach(), "kd": kd.detach(),
+                "teacher_top1": batch_top1(teacher_logits, target)}
