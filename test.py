@@ -24,6 +24,7 @@ from addernet.checkpoint import CheckpointError, load_checkpoint, load_weights
 from addernet.checkpoint.official import is_official, load_official
 from addernet.data import DataError, build_loader
 from addernet.engine import ConfigError, check_config, device_type, evaluate, model_from_config
+from addernet.quant import is_quantized_state, prepare_quantized, quantize_for_eval
 
 STORED_GROUPS = ("model", "data")  # taken from our checkpoint's config unless overridden
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -138,6 +139,8 @@ def run(cfg, overrides):
     hint = (f"The model was built from model={cfg.model.name} model.layer={cfg.model.layer} data.num_classes="
             f"{cfg.data.num_classes}{origin}; pick the checkpoint's architecture with model=<name> "
             f"(configs/model/), model.layer=adder|conv and the matching data=<dataset>.")
+    if is_quantized_state(state):  # a checkpoint of scripts/quantize.py: quantised layers, loaded as they are
+        prepare_quantized(model, state, source=path)
     (load_official if kind == OFFICIAL else load_weights)(model, state, source=path, hint=hint)
     memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
     model = model.to(device=device, memory_format=memory_format)
@@ -149,9 +152,10 @@ def run(cfg, overrides):
         print(f"checkpoint {path} [{kind}]\nmodel {cfg.model.name} ({cfg.model.layer}) | data {cfg.data.name} "
               f"val split ({len(loader.dataset.dataset)} images{f', {where}' if where else ''}) | device {device} x "
               f"{dist.get_world_size()} | amp {cfg.trainer.amp}", flush=True)
+    model, quant = quantize_for_eval(model, cfg, device)  # no-op unless quant.bits or a quantised checkpoint
     bar = tqdm(loader, desc="test", unit="batch", disable=not (main and cfg.trainer.progress), file=sys.stderr)
     result = evaluate(model, bar, device, amp=cfg.trainer.amp, channels_last=bool(cfg.trainer.channels_last))
-    return {k: result[k] for k in RESULT_KEYS}
+    return {**{k: result[k] for k in RESULT_KEYS}, **({"quant": quant} if quant else {})}
 
 
 def report(result, results_file):
