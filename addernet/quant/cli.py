@@ -34,7 +34,7 @@ def calibration_loader(cfg):
     n = min(int(q.calib_images), len(dataset))
     pick = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(int(q.seed)))[:n]
     data_cfg = OmegaConf.merge(cfg.data, {"batch_size": int(q.calib_batch_size), "pin_memory": False})
-    return build_loader(data_cfg, "val", Subset(dataset, pick.sort().values.tolist()))
+    return build_loader(data_cfg, "val", Subset(dataset, pick.tolist()))  # random order: batches mix classes
 
 
 def settings(cfg, n_images):
