@@ -117,9 +117,16 @@ def test_onnx_export_of_the_float_model_matches_pytorch(tmp_path):
     load_official(model, load_checkpoint(OFFICIAL))
     with torch.no_grad():
         want = model.eval()(x).numpy()
+        exact = model.double()(x.double()).numpy()  # float64 PyTorch: the float32 model's own error is ~2e-4
     got = _ort_logits(out, x)
     assert (got.argmax(1) == want.argmax(1)).all()
-    assert (np.abs(got - want).max(1) / np.abs(want).max(1)).max() <= 1e-4
+    def rel(a, b):
+        return (np.abs(a - b).max(1) / np.abs(b).max(1)).max()
+
+    # float32 rounding of the adder outputs (~1e4, then centred by BatchNorm) is ~2e-4 of the logits
+    # in PyTorch itself: the export must stay within twice the distance of PyTorch's float32 model from float64
+    assert rel(got, exact) <= max(1e-4, 2 * rel(want, exact)), (rel(got, exact), rel(want, exact))
+    assert rel(got, want) <= 1e-3
 
 
 def test_onnx_export_of_the_quantised_checkpoint(quantized_checkpoint, tmp_path):

@@ -2,7 +2,7 @@
 
 An adder layer becomes: patch extraction by a fixed one-hot depthwise convolution (Conv, groups = C:
 output channel c*kh*kw + t copies input channel c at kernel tap t), then Sub against the weights,
-Abs, ReduceSum over the patch and a negation. A quantised layer (QAdder2d) quantises its input per
+Abs, ReduceSum over the patch (in float64) and a negation. A quantised layer (QAdder2d) quantises its input per
 group (Mul by (2^b-1)/s, Round, Clip), compares with the unsigned integer weights u = max(2 q_w, 0),
 adds the constant c, rescales and adds the bias term, then restores the filter order (Concat, Gather).
 The integer sums are exact in float32 (below 2^24), so the result equals the integer kernel's up to
@@ -42,18 +42,20 @@ class _Patches(nn.Module):
 
 
 class OnnxAdder2d(nn.Module):
-    """Float adder layer in standard ops: -ReduceSum(Abs(patches - w))."""
+    """Float adder layer in standard ops: -ReduceSum(Abs(patches - w)), summed in float64 (Cast): the
+    adder outputs are large sums that BatchNorm then centres, so float32 summation error would show
+    at 1e-4 of the logits; in float64 the one rounding left is the final cast."""
 
     def __init__(self, adder):
         super().__init__()
         g = adder.groups
         self.patches = _Patches(adder.in_channels, adder.kernel_size, adder.stride, adder.padding, adder.dilation, g)
-        self.register_buffer("w", adder.weight.detach().float().reshape(1, g, adder.out_channels // g, -1, 1))
+        self.register_buffer("w", adder.weight.detach().double().reshape(1, g, adder.out_channels // g, -1, 1))
         self.bias = None if adder.bias is None else adder.bias.detach().view(1, -1, 1, 1)
 
     def forward(self, x):
-        p = self.patches(x)
-        y = -(p - self.w).abs().sum(3).flatten(1, 2)  # (N, O, L)
+        p = self.patches(x).double()
+        y = -(p - self.w).abs().sum(3).flatten(1, 2).float()  # (N, O, L)
         y = y.unflatten(2, self.patches.out_hw)
         return y if self.bias is None else y + self.bias
 
