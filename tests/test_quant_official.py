@@ -45,7 +45,7 @@ def test_test_py_at_8_bits_is_within_one_point_of_the_float_top1():
     out = _json(_run("test.py", [f"checkpoint={OFFICIAL}", "model=resnet20", "quant.bits=8", *CALIB, *DATA]))
     assert out["n"] == 1000
     assert out["quant"]["bits"] == 8 and out["quant"]["groups"] == 4 and out["quant"]["calib_images"] == 2048
-    assert abs(out["top1"] - _official_top1()) <= 1.0, out
+    assert out["top1"] >= _official_top1() - 1.0, out  # at most 1 point lost (BN re-estimation may gain)
 
 
 def test_quantised_checkpoint_evaluates_without_calibration(quantized_checkpoint):
@@ -59,7 +59,7 @@ def test_quantised_checkpoint_evaluates_without_calibration(quantized_checkpoint
             "trainer.progress=false"]
     out = _json(_run("test.py", args))
     assert out["quant"]["calibrated"] == "stored in the checkpoint" and out["quant"]["bits"] == 8
-    assert abs(out["top1"] - _official_top1()) <= 1.0, out
+    assert out["top1"] >= _official_top1() - 1.0, out  # at most 1 point lost (BN re-estimation may gain)
     r = _run("test.py", args + ["model=resnet32"])
     assert r.returncode == 2 and "Traceback" not in r.stderr and "do not match" in r.stderr, r.stderr[-2000:]
     r = _run("test.py", args + ["quant.bits=4"])
@@ -139,7 +139,7 @@ def test_onnx_export_of_the_quantised_checkpoint(quantized_checkpoint, tmp_path)
 
     path, _ = quantized_checkpoint
     out = tmp_path / "resnet20_q8.onnx"
-    _json(_run("scripts/export_onnx.py", [f"checkpoint={path}", f"out={out}", f"data.val_dir={CIFAR_SAMPLE}"]))
+    _json(_run("scripts/export_onnx.py", [f"checkpoint={path}", f"out={out}"]))
     model, _ = load_quantized(build_model("resnet20").eval(), path)
     x = _sample(5)
     with torch.no_grad():

@@ -66,8 +66,9 @@ def quantize_layer(adder, act_range, bits, n_groups, grouping="kmeans", seed=0, 
     return q
 
 
-def quantize_model(model, loader, cfg):
-    """Quantise every Adder2d of `model` in place (returned) with the quant config `cfg`, calibrating on `loader`."""
+def quantize_model(model, loader, cfg, bn_loader=None):
+    """Quantise every Adder2d of `model` in place (returned) with the quant config `cfg`: activation ranges
+    from `loader`, BatchNorm re-estimated (quant.bn_recalib) over `bn_loader` (default: `loader`)."""
     check_quant_config(cfg)
     layers = adder_layers(model)
     if not layers:
@@ -85,7 +86,7 @@ def quantize_model(model, loader, cfg):
         replace_module(model, name, quantize_layer(m, ranges[name], int(cfg.bits), int(cfg.groups),
                                                    cfg.grouping, int(cfg.seed), cfg.kernel))
     if cfg.bn_recalib:
-        recalibrate_bn(model, loader, None if cfg.bn_momentum is None else float(cfg.bn_momentum))
+        recalibrate_bn(model, bn_loader or loader, None if cfg.bn_momentum is None else float(cfg.bn_momentum))
     return model
 
 
