@@ -64,13 +64,40 @@ class QAdder2d(nn.Module):
                    adder.dilation, adder.groups, bits, n_groups, kernel)
 
     def _blocks(self):
-        """(filter indices, input-channel slice) per quant group and conv group with members."""
+        """(group, filter indices, input-channel slice) per quant group and conv group with members."""
         cg, og = self.in_channels // self.groups, self.out_channels // self.groups
         for g in range(self.scale.numel()):
             for h in range(self.groups):
                 idx = torch.nonzero(self.group[h * og:(h + 1) * og] == g).flatten() + h * og
                 if idx.numel():
                     yield g, idx, slice(h * cg, (h + 1) * cg)
+
+    def _plan(self):
+        """Per block: (scale, filter indices or None for all in order, channel slice, u, c, packed u).
+
+        Groups with equal scales share one quantised input and one kernel call (on the official
+        ResNet-20 every group has s_g = A). Cached until a buffer changes (e.g. load_state_dict)."""
+        key = tuple((t.data_ptr(), t._version) for t in (self.qweight, self.group, self.scale))
+        if getattr(self, "_plan_key", None) == key:
+            return self._plan_cache
+        from ..ops.kernels import int_cpu
+
+        lane = torch.uint8 if int(self.bits) <= 8 else torch.uint16
+        merged = {}
+        for g, idx, chans in self._blocks():
+            k = (float(self.scale[g]), chans.start)
+            merged[k] = (g, torch.cat([merged[k][1], idx]) if k in merged else idx, chans)
+        plan = []
+        q_w = self.qweight.to(torch.int32)
+        for g, idx, chans in merged.values():
+            idx = idx.sort().values
+            u = (2 * q_w[idx]).clamp(min=0).to(lane)
+            c = (-2 * q_w[idx]).clamp(min=0).flatten(1).sum(1).view(1, -1, 1, 1)
+            packed = int_cpu.pack_weight(u, 1) if _int_kernel() is not None else None
+            whole = idx.numel() == self.out_channels
+            plan.append((self.scale[g].clone(), None if whole else idx, chans, q_w[idx].float(), c, u, packed))
+        self._plan_key, self._plan_cache = key, plan
+        return plan
 
     def _use_int(self, x):
         if self.kernel == "fake" or x.device.type != "cpu":
@@ -83,28 +110,27 @@ class QAdder2d(nn.Module):
     def forward(self, x):
         bits, lv = int(self.bits), levels(int(self.bits))
         x = x.float()
-        n, _, h, w = x.shape
-        ho = (h + 2 * self.padding[0] - self.dilation[0] * (self.kernel_size[0] - 1) - 1) // self.stride[0] + 1
-        wo = (w + 2 * self.padding[1] - self.dilation[1] * (self.kernel_size[1] - 1) - 1) // self.stride[1] + 1
-        y = x.new_empty(n, self.out_channels, ho, wo)
         use_int = self._use_int(x)
-        q_w = self.qweight.to(torch.int32)
         conf = (self.stride, self.padding, self.dilation)
-        qa = {}
-        for g, idx, chans in self._blocks():
-            s = self.scale[g]
-            if g not in qa:
-                qa[g] = quantize_activation(x, s, bits)
-            a = qa[g][:, chans]
+        if self.kernel_size == (1, 1) and self.padding == (0, 0) and self.stride != (1, 1):
+            x, conf = x[:, :, ::self.stride[0], ::self.stride[1]], ((1, 1), (0, 0), (1, 1))  # quantise only what is read
+        lane = torch.uint8 if bits <= 8 else torch.uint16
+        outs = []
+        for s, idx, chans, w_int, c, u, packed in self._plan():
+            xs = x if chans.start == 0 and chans.stop == self.in_channels else x[:, chans]
+            a = quantize_activation(xs, s, bits)
             if use_int:
-                lane = torch.uint8 if bits <= 8 else torch.uint16
-                u = (2 * q_w[idx]).clamp(min=0).to(lane)
-                c = (-2 * q_w[idx]).clamp(min=0).flatten(1).sum(1)
-                total = _int_kernel().forward(a.to(torch.int32).to(lane), u, *conf, 1) + c.view(1, -1, 1, 1)
+                total = _int_kernel().forward(a.to(lane), u, *conf, 1, packed) + c
                 out = total.float() * (-(s / lv))
             else:
-                out = adder2d(a * (s / lv), q_w[idx].float() * (2 * s / lv), None, *conf, 1)  # -sum|x - w|
-            y[:, idx] = out + self.bias_term[idx].view(1, -1, 1, 1)
+                out = adder2d(a * (s / lv), w_int * (2 * s / lv), None, *conf, 1)  # -sum|x - w|
+            bias = self.bias_term if idx is None else self.bias_term[idx]
+            outs.append((idx, out + bias.view(1, -1, 1, 1)))
+        if len(outs) == 1 and outs[0][0] is None:
+            return outs[0][1]
+        y = outs[0][1].new_empty(x.shape[0], self.out_channels, *outs[0][1].shape[2:])
+        for idx, out in outs:
+            y[:, idx] = out
         return y
 
     def extra_repr(self):
