@@ -18,6 +18,7 @@ from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, open_checkpoin
 from ..checkpoint.official import is_official, load_official
 from ..data import build_loader, check_classes, take_skipped
 from ..errors import CheckpointError, ConfigError
+from ..quant import is_quantized_state, prepare_quantized, quantize_for_eval
 from .config import check_eval_config, check_known_keys, check_stored_model, device_type, model_from_config
 from .evaluate import evaluate
 from .outputs import json_line
@@ -109,6 +110,8 @@ def _load_model(cfg, path, state, stored, kind):
     hint = (f"The model was built from model={cfg.model.name} model.layer={cfg.model.layer} data.num_classes="
             f"{cfg.data.num_classes}{origin}; pick the checkpoint's architecture with model=<name> "
             f"(configs/model/), model.layer=adder|conv and the matching data=<dataset>.")
+    if is_quantized_state(state):  # a checkpoint of scripts/quantize.py: its quantised layers, loaded as they are
+        prepare_quantized(model, state, source=path)
     (load_official if kind == OFFICIAL else load_weights)(model, state, source=path, hint=hint)
     # adder and conv twins have the same tensor names and shapes: loading alone cannot tell them apart
     check_stored_model(cfg, stored, path, ("name", "layer"),
@@ -171,12 +174,13 @@ def evaluate_checkpoint(cfg, overrides):
               f"{dist.get_world_size()} | amp {cfg.trainer.amp}", flush=True)
     bar = tqdm(loader, desc="test", unit="batch", disable=not (dist.is_main() and cfg.trainer.progress),
                file=sys.stderr)
+    model, quant = quantize_for_eval(model, cfg, device)  # no-op unless quant.bits or a quantised checkpoint
     result = evaluate(model, bar, device, amp=cfg.trainer.amp, channels_last=bool(cfg.trainer.channels_last))
     skipped = take_skipped(loader)
     if skipped:
         print(f"test.py: warning: skipped {skipped} unreadable image(s) (data.skip_corrupt=true); n counts the rest",
               file=sys.stderr)
-    return {k: result[k] for k in RESULT_KEYS}
+    return {**{k: result[k] for k in RESULT_KEYS}, **({"quant": quant} if quant else {})}
 
 
 def report(result, results_file):

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from ...errors import BuildError
 
-SOURCES = ("adder_cpu.c", "adder_cpu_body.h")
+# library name -> its sources (the first is compiled; the rest are headers it includes)
+SOURCES = {"adder_cpu": ("adder_cpu.c", "adder_cpu_body.h"), "adder_int": ("adder_int.c",)}
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11")  # no -ffast-math: see adder_cpu.c
 OPENMP = ("-fopenmp",)  # tried first; without it the kernels run on a Python thread pool (cpu.py)
 
@@ -44,31 +45,33 @@ def _cpu_fingerprint():
 
 
 @functools.lru_cache(maxsize=None)
-def load_library():
-    """Return the ctypes library, compiling it into the cache first if needed (raises BuildError)."""
+def load_library(name="adder_cpu"):
+    """Return the ctypes library `name` (adder_cpu: float kernels, adder_int: the integer kernel of
+    quantised layers), compiling it into the cache first if needed (raises BuildError)."""
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise BuildError(f"C compiler {cc!r} not found")
     try:
-        return _build(cc, FLAGS + OPENMP)
+        return _build(cc, FLAGS + OPENMP, name)
     except BuildError:  # a compiler without OpenMP: the serial build still works
-        return _build(cc, FLAGS)
+        return _build(cc, FLAGS, name)
 
 
-def _build(cc, flags):
+def _build(cc, flags, name="adder_cpu"):
     here = Path(__file__).parent
+    sources = SOURCES[name]
     key = hashlib.sha256()
-    for name in SOURCES:
-        key.update((here / name).read_bytes())
+    for source in sources:
+        key.update((here / source).read_bytes())
     key.update(" ".join((shutil.which(cc),) + flags).encode())
     key.update(_cpu_fingerprint().encode())
-    target = cache_dir() / f"adder_cpu_{key.hexdigest()[:16]}.so"
+    target = cache_dir() / f"{name}_{key.hexdigest()[:16]}.so"
     if os.environ.get("ADDERNET_REBUILD") == "1" or not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            cmd = [cc, *flags, str(here / "adder_cpu.c"), "-o", tmp]
+            cmd = [cc, *flags, str(here / sources[0]), "-o", tmp]
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
                 raise BuildError(f"{' '.join(cmd)} failed: {res.stderr.strip()[-500:]}")

@@ -1,0 +1,210 @@
+/* Integer adder kernel for quantised layers: plain C (no torch headers), compiled on first use
+ * and loaded with ctypes like adder_cpu.c (see build.py).
+ *
+ *   y[n,o,p] = sum_{i,j,c} |xpad[n, p*s + (i,j)*d, c] - w[o,c,i,j]|      (int32, no sign, no scale)
+ *
+ * x and w are unsigned 8-bit (bits <= 8) or 16-bit (bits 9..16) integers; zero padding counts as
+ * input 0. The caller rescales and adds the bias terms (addernet/quant/qadder.py).
+ *
+ * Per image, the input is copied into a zero-padded channels-last scratch buf[Hp][Wp][C]; then for
+ * each tile of PT pixels the kh*kw*Cg patch values are gathered into contiguous rows of Kp bytes
+ * (Kp = K rounded up to the vector width, zero tail on both sides, so it adds nothing), and each
+ * row is compared with OT filters at once. For 8-bit lanes the inner step is one sum-of-absolute-
+ * differences instruction per 16/32 bytes (psadbw / vpsadbw: 8 absolute differences summed into
+ * a 64-bit lane), so no widening is needed; the 64-bit lanes of OT accumulators are folded into
+ * OT int32 outputs at the end of a row. The 16-bit path is a plain C loop that -O3 vectorises.
+ *
+ * Shape vector s (int64): 0 N, 1 C, 2 H, 3 W, 4 G, 5 Cg, 6 Og, 7 kh, 8 kw, 9 sh, 10 sw, 11 ph,
+ * 12 pw, 13 dh, 14 dw, 15 Ho, 16 Wo, 17 Kp (row length), 18 Opad (Og rounded up to OT).
+ * x is NCHW contiguous; w is packed [G][Opad][Kp] with K in (i, j, c) order; y is NCHW contiguous. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#define SADB 32
+#elif defined(__SSE2__)
+#include <emmintrin.h>
+#define SADB 16
+#else
+#define SADB 16
+#endif
+
+#define PT 2 /* pixels per tile */
+#define OT 4 /* filters per tile */
+
+/* memcpy for the short runs of gather: 16-byte moves instead of a libc call per kernel tap. */
+static inline void copy_bytes(void *dst, const void *src, size_t n) {
+    uint8_t *d = dst;
+    const uint8_t *p = src;
+    size_t k = 0;
+#if defined(__SSE2__)
+    for (; k + 16 <= n; k += 16) _mm_storeu_si128((__m128i *)(d + k), _mm_loadu_si128((const __m128i *)(p + k)));
+#endif
+    for (; k < n; k++) d[k] = p[k];
+}
+
+/* Zero-padded channels-last copy of one NCHW image: buf[(h+ph)*Wp + w + pw][c] = x[c][h][w]. */
+#define PAD_IMAGE(T)                                                                                 \
+    static void pad_image_##T(const T *x, const int64_t *s, T *buf) {                                \
+        const int64_t C = s[1], H = s[2], W = s[3], ph = s[11], pw = s[12], Wp = W + 2 * pw;         \
+        memset(buf, 0, sizeof(T) * (size_t)((H + 2 * ph) * Wp * C));                                 \
+        for (int64_t c = 0; c < C; c++)                                                              \
+            for (int64_t h = 0; h < H; h++) {                                                        \
+                const T *xr = x + (c * H + h) * W;                                                   \
+                T *br = buf + ((h + ph) * Wp + pw) * C + c;                                          \
+                for (int64_t w = 0; w < W; w++) br[w * C] = xr[w];                                   \
+            }                                                                                        \
+    }
+
+/* Rows of the tile's PT pixels (pixel q0+t, the last valid pixel repeated past L) for group g. */
+#define GATHER(T)                                                                                    \
+    static void gather_##T(const T *buf, const int64_t *s, int64_t g, int64_t q0, T *rows) {         \
+        const int64_t C = s[1], Cg = s[5], kh = s[7], kw = s[8], Wp = s[3] + 2 * s[12];              \
+        const int64_t Wo = s[16], L = s[15] * Wo, Kp = s[17];                                        \
+        for (int t = 0; t < PT; t++) {                                                               \
+            const int64_t q = q0 + t < L ? q0 + t : L - 1, oy = q / Wo, ox = q % Wo;                 \
+            T *r = rows + t * Kp;                                                                    \
+            for (int64_t i = 0; i < kh; i++)                                                         \
+                for (int64_t j = 0; j < kw; j++) {                                                   \
+                    const int64_t pix = (oy * s[9] + i * s[13]) * Wp + ox * s[10] + j * s[14];       \
+                    copy_bytes(r, buf + pix * C + g * Cg, sizeof(T) * (size_t)Cg);                   \
+                    r += Cg;                                                                         \
+                }                                                                                    \
+            memset(r, 0, sizeof(T) * (size_t)(Kp - kh * kw * Cg));                                   \
+        }                                                                                            \
+    }
+
+PAD_IMAGE(uint8_t)
+PAD_IMAGE(uint16_t)
+GATHER(uint8_t)
+GATHER(uint16_t)
+
+/* acc[t][o] = sum_k |rows[t][k] - w[o][k]| for PT pixels x OT filters, plain C (any lane type). */
+#define SAD_TILE_C(T)                                                                                \
+    static void sad_tile_c_##T(const T *rows, const T *w, int64_t Kp, int32_t acc[PT][OT]) {         \
+        for (int t = 0; t < PT; t++)                                                                 \
+            for (int o = 0; o < OT; o++) {                                                           \
+                const T *a = rows + t * Kp, *b = w + o * Kp;                                         \
+                int32_t sum = 0;                                                                     \
+                for (int64_t k = 0; k < Kp; k++) sum += abs((int32_t)a[k] - (int32_t)b[k]);          \
+                acc[t][o] = sum;                                                                     \
+            }                                                                                        \
+    }
+SAD_TILE_C(uint16_t)
+
+#if defined(__AVX2__)
+typedef __m256i svec;
+#define SLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define SAD(a, b) _mm256_sad_epu8((a), (b))
+#define ADD64(a, b) _mm256_add_epi64((a), (b))
+#define ZERO() _mm256_setzero_si256()
+#elif defined(__SSE2__)
+typedef __m128i svec;
+#define SLOAD(p) _mm_loadu_si128((const __m128i *)(p))
+#define SAD(a, b) _mm_sad_epu8((a), (b))
+#define ADD64(a, b) _mm_add_epi64((a), (b))
+#define ZERO() _mm_setzero_si128()
+#endif
+
+#if defined(__SSE2__)
+/* Fold four accumulators of 64-bit lanes (each lane < 2^32) into four int32 sums. */
+static inline void fold4(svec a, svec b, svec c, svec d, int32_t *out) {
+#if defined(__AVX2__)
+    const __m256i ab = _mm256_or_si256(a, _mm256_slli_epi64(b, 32)); /* a0 b0 a1 b1 | a2 b2 a3 b3 */
+    const __m256i cd = _mm256_or_si256(c, _mm256_slli_epi64(d, 32));
+    const __m256i s = _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
+    const __m128i r = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+#else
+    const __m128i ab = _mm_or_si128(a, _mm_slli_epi64(b, 32)); /* a0 b0 a1 b1 */
+    const __m128i cd = _mm_or_si128(c, _mm_slli_epi64(d, 32));
+    const __m128i r = _mm_add_epi32(_mm_unpacklo_epi64(ab, cd), _mm_unpackhi_epi64(ab, cd));
+#endif
+    _mm_storeu_si128((__m128i *)out, r);
+}
+
+/* 8-bit tile with sum-of-absolute-differences instructions: OT weight vectors stay in registers,
+ * each pixel row vector is compared with all of them. */
+static void sad_tile_u8(const uint8_t *rows, const uint8_t *w, int64_t Kp, int32_t acc[PT][OT]) {
+    svec a[PT][OT];
+#pragma GCC unroll 8
+    for (int t = 0; t < PT; t++)
+#pragma GCC unroll 8
+        for (int o = 0; o < OT; o++) a[t][o] = ZERO();
+    for (int64_t k = 0; k < Kp; k += SADB) {
+        svec wv[OT];
+#pragma GCC unroll 8
+        for (int o = 0; o < OT; o++) wv[o] = SLOAD(w + o * Kp + k);
+#pragma GCC unroll 8
+        for (int t = 0; t < PT; t++) {
+            const svec xv = SLOAD(rows + t * Kp + k);
+#pragma GCC unroll 8
+            for (int o = 0; o < OT; o++) a[t][o] = ADD64(a[t][o], SAD(xv, wv[o]));
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < PT; t++) fold4(a[t][0], a[t][1], a[t][2], a[t][3], acc[t]);
+}
+#else
+SAD_TILE_C(uint8_t)
+#define sad_tile_u8 sad_tile_c_uint8_t
+#endif
+#define sad_tile_u16 sad_tile_c_uint16_t
+
+/* y[n0:n1, :, pixels q0:q1] for one lane type. Returns 0, or 1 when scratch cannot be allocated. */
+#define FORWARD(T, TILE)                                                                             \
+    static int forward_##T(const T *x, const T *w, int32_t *y, const int64_t *s, int64_t n0,         \
+                           int64_t n1, int64_t q0, int64_t q1) {                                     \
+        const int64_t C = s[1], G = s[4], Og = s[6], Kp = s[17], Opad = s[18];                       \
+        const int64_t Hp = s[2] + 2 * s[11], Wp = s[3] + 2 * s[12], L = s[15] * s[16];               \
+        T *buf = malloc(sizeof(T) * (size_t)(Hp * Wp * C + PT * Kp) + 64);                           \
+        if (!buf) return 1;                                                                          \
+        T *rows = buf + Hp * Wp * C;                                                                 \
+        int32_t acc[PT][OT];                                                                         \
+        for (int64_t n = n0; n < n1; n++) {                                                          \
+            pad_image_##T(x + n * C * s[2] * s[3], s, buf);                                          \
+            for (int64_t g = 0; g < G; g++) {                                                        \
+                const T *wg = w + g * Opad * Kp;                                                     \
+                int32_t *yg = y + (n * G + g) * Og * L;                                              \
+                for (int64_t q = q0; q < q1; q += PT) {                                              \
+                    const int64_t np = q1 - q < PT ? q1 - q : PT;                                    \
+                    gather_##T(buf, s, g, q, rows);                                                  \
+                    for (int64_t ob = 0; ob < Opad; ob += OT) {                                      \
+                        TILE(rows, wg + ob * Kp, Kp, acc);                                           \
+                        const int64_t no = Og - ob < OT ? Og - ob : OT;                              \
+                        for (int64_t o = 0; o < no; o++)                                             \
+                            for (int64_t t = 0; t < np; t++) yg[(ob + o) * L + q + t] = acc[t][o];   \
+                    }                                                                                \
+                }                                                                                    \
+            }                                                                                        \
+        }                                                                                            \
+        free(buf);                                                                                   \
+        return 0;                                                                                    \
+    }
+FORWARD(uint8_t, sad_tile_u8)
+FORWARD(uint16_t, sad_tile_u16)
+
+/* Over R ranges r[4k..4k+3] = (n0, n1, q0, q1), in parallel on OpenMP's threads (torch's runtime,
+ * see build.py); serial when built without OpenMP. bytes = 1 (uint8) or 2 (uint16). */
+int adder_int_forward(const void *x, const void *w, int32_t *y, const int64_t *s, int bytes,
+                      const int64_t *r, int64_t R, int nt) {
+    int err = 0;
+#pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(| : err)
+    for (int64_t k = 0; k < R; k++)
+        err |= bytes == 1 ? forward_uint8_t(x, w, y, s, r[4 * k], r[4 * k + 1], r[4 * k + 2], r[4 * k + 3])
+                          : forward_uint16_t(x, w, y, s, r[4 * k], r[4 * k + 1], r[4 * k + 2], r[4 * k + 3]);
+    return err;
+}
+
+/* Row alignment in elements (Python pads K to a multiple of it) and the tile's filter count. */
+int adder_int_row_align(void) { return SADB; }
+int adder_int_filter_tile(void) { return OT; }
+
+int adder_int_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}

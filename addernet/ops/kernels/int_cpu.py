@@ -1,0 +1,88 @@
+"""Integer adder kernel (adder_int.c): y = sum |x - w| over unsigned 8/16-bit integers, int32 out.
+
+The quantised layer (addernet/quant/qadder.py) maps its activations and weights onto non-negative
+integers and calls this; the batch (or, for small batches, each image's output pixels) is split
+across torch's OpenMP threads like the float kernel (cpu.py).
+"""
+import ctypes
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .build import load_library
+
+LANES = {torch.uint8: 1, torch.uint16: 2}
+SERIAL_WORK = 1 << 20  # abs-differences below which one thread is faster than waking the others
+
+
+@functools.lru_cache(maxsize=None)
+def _lib():
+    lib = load_library("adder_int")
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.adder_int_forward.argtypes = [p, p, p, p, ctypes.c_int, p, i64, ctypes.c_int]
+    for name in ("adder_int_forward", "adder_int_row_align", "adder_int_filter_tile", "adder_int_openmp"):
+        getattr(lib, name).restype = ctypes.c_int
+    return lib
+
+
+def available():
+    """Build/load the kernel now; raises build.BuildError when it cannot be built."""
+    _lib()
+    return True
+
+
+def _arr(values):
+    return (ctypes.c_int64 * len(values))(*values)
+
+
+def _splits(total, parts):
+    step = -(-total // parts)
+    return [(a, min(a + step, total)) for a in range(0, total, step)]
+
+
+def pack_weight(w, groups):
+    """Weight (O, Cg, kh, kw) -> [G][Opad][Kp] with K in (i, j, c) order, zero-padded (see adder_int.c)."""
+    lib = _lib()
+    o, cg, kh, kw = w.shape
+    og, k = o // groups, cg * kh * kw
+    kp = -(-k // lib.adder_int_row_align()) * lib.adder_int_row_align()
+    opad = -(-og // lib.adder_int_filter_tile()) * lib.adder_int_filter_tile()
+    wt = w.reshape(groups, og, cg, kh, kw).permute(0, 1, 3, 4, 2).reshape(groups, og, k)
+    return F.pad(wt, (0, kp - k, 0, opad - og)).contiguous(), kp, opad
+
+
+def forward(x, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, packed=None):
+    """sum |x - w| as int32 (N, O, Ho, Wo) for x (N, C, H, W) and w (O, C/groups, kh, kw) of one
+    unsigned integer dtype (uint8 or uint16); zero padding counts as 0. `packed` reuses pack_weight(w)."""
+    if x.dtype not in LANES or w.dtype != x.dtype:
+        raise TypeError(f"integer adder kernel needs uint8 or uint16 input and weight of one dtype, got "
+                        f"{x.dtype} and {w.dtype}")
+    if x.dim() != 4 or w.dim() != 4 or x.shape[1] != w.shape[1] * groups or w.shape[0] % groups:
+        raise ValueError(f"integer adder kernel: input {tuple(x.shape)} does not fit weight {tuple(w.shape)} "
+                         f"with groups={groups}")
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
+    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    if ho < 1 or wo < 1:
+        raise ValueError(f"integer adder kernel: padded input {h}x{wd} is smaller than the kernel {kh}x{kw}")
+    if cg * kh * kw * (2 ** (8 * LANES[x.dtype]) - 1) >= 2 ** 31:
+        raise ValueError(f"integer adder kernel: K={cg * kh * kw} terms of {x.dtype} could overflow int32")
+    wt, kp, opad = packed if packed is not None else pack_weight(w, groups)
+    s = [n, c, h, wd, groups, cg, o // groups, kh, kw, *stride, *padding, *dilation, ho, wo, kp, opad]
+    x = x.contiguous()
+    y = torch.empty(n, o, ho, wo, dtype=torch.int32)
+    if y.numel() == 0:
+        return y
+    workers = torch.get_num_threads() if y.numel() * cg * kh * kw >= SERIAL_WORK else 1
+    if n >= workers:
+        ranges = [(a, b, 0, ho * wo) for a, b in _splits(n, workers)]
+    else:  # small batch: split each image's output pixels instead
+        ranges = [(i, i + 1, a, b) for i in range(n) for a, b in _splits(ho * wo, workers)]
+    flat = [v for r in ranges for v in r]
+    status = _lib().adder_int_forward(x.data_ptr(), wt.data_ptr(), y.data_ptr(), _arr(s), LANES[x.dtype],
+                                      _arr(flat), len(ranges), workers)
+    if status:
+        raise MemoryError("integer adder kernel could not allocate its per-image scratch buffer")
+    return y

@@ -1,0 +1,79 @@
+"""Calibration passes over training images (spec section 4): activation ranges, then BatchNorm statistics.
+
+Activation range A of an adder layer (spec 3c, pitfall 4): per batch, the `quantile` of |x| over the
+whole input tensor of the layer (the k-th smallest |x|, k = ceil(quantile * numel)); A is the running
+max of these over the batches, floored at `floor`. The code's alpha = 0.9997 is applied twice, so its
+effective quantile is 0.9997^2 = 0.99940, our default.
+"""
+import math
+
+import torch
+import torch.nn as nn
+
+from ..ops import Adder2d
+
+
+class NegativeInput(ValueError):
+    """An adder layer saw negative inputs: the unsigned activation quantiser does not apply to it."""
+
+
+@torch.no_grad()
+def activation_ranges(model, loader, quantile, floor=1e-3):
+    """{adder layer name: A} from an eval-mode float forward pass over `loader` (BN running statistics)."""
+    ranges, negative, hooks = {}, [], []
+
+    def hook(name):
+        def observe(module, args):
+            a = args[0].detach().abs().flatten()
+            k = min(a.numel(), max(1, math.ceil(quantile * a.numel())))
+            value = a.kthvalue(k).values.item() if k < a.numel() else a.max().item()
+            ranges[name] = max(ranges.get(name, floor), value)
+            if name not in negative and bool((args[0] < 0).any()):
+                negative.append(name)
+        return observe
+
+    for name, m in model.named_modules():
+        if isinstance(m, Adder2d):
+            hooks.append(m.register_forward_pre_hook(hook(name)))
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        for images, *_ in loader:
+            model(images.to(device))
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    if negative:
+        raise NegativeInput(f"adder layer(s) {', '.join(negative)} receive negative inputs; the quantiser here "
+                            f"is unsigned (inputs after a ReLU), the signed variant (spec pitfall 6) is not implemented")
+    return ranges
+
+
+@torch.no_grad()
+def recalibrate_bn(model, loader, momentum=None):
+    """Re-estimate every BatchNorm's running statistics with the (quantised) model (spec `adjust_BN`).
+
+    momentum=None (ours, default): reset and take the exact average over the calibration batches;
+    a number: PyTorch-convention update from the current statistics (0.1 = MindSpore's 0.9, the code's).
+    Only BatchNorm layers run in training mode; nothing else changes.
+    """
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [m.momentum for m in bns]
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    for m in bns:
+        if momentum is None:
+            m.reset_running_stats()
+        m.momentum = momentum
+        m.train()
+    try:
+        for images, *_ in loader:
+            model(images.to(device))
+    finally:
+        for m, mom in zip(bns, saved):
+            m.momentum = mom
+        model.train(was_training)
+    return model

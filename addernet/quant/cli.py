@@ -1,0 +1,72 @@
+"""The entry points' side of quantisation: test.py, scripts/quantize.py and scripts/export_onnx.py call these.
+
+Calibration images: a seeded random subset of quant.calib_images images of the data config's
+*training* split, in a fixed random order (an ImageFolder is sorted by class; class-sorted batches
+would bias the BatchNorm estimates). The activation ranges are taken with the *validation*
+transform (no augmentation, ours; quant.calib_augment=true for the code's augmented batches, spec
+pitfall 3); BatchNorm is re-estimated on the same images *with* the training augmentation
+(quant.bn_augment=true, as the code): measured on the official ResNet-20, re-estimating it on
+un-augmented images costs about 2 points at 8 bits (docs/quantization.md).
+"""
+import torch
+from omegaconf import OmegaConf
+from torch.utils.data import Subset
+
+from ..data import DataError, build_dataset, build_loader, build_transform
+from ..engine import ConfigError
+from .convert import check_quant_config, quant_summary, quantize_model
+
+SETTINGS = ("bits", "groups", "grouping", "calib_images", "calib_augment", "act_quantile", "bn_recalib",
+            "bn_augment", "bn_momentum", "seed")
+
+
+def calibration_loader(cfg, augment=None):
+    """Loader over the calibration images of cfg.data's training split (see the module docstring);
+    with the training augmentation when `augment` (default: quant.calib_augment)."""
+    q = cfg.quant
+    try:
+        dataset = build_dataset(cfg.data, "train")
+    except DataError as e:
+        raise ConfigError(f"quant.bits={q.bits} calibrates on the training split of data={cfg.data.name}, which "
+                          f"cannot be loaded: {e} Point data.root (or data.train_dir) at it, or evaluate a quantised "
+                          f"checkpoint written by scripts/quantize.py.") from None
+    if len(dataset) == 0:
+        raise ConfigError(f"quant.bits={q.bits}: the training split of data={cfg.data.name} is empty; nothing to "
+                          f"calibrate on.")
+    if not (q.calib_augment if augment is None else augment):
+        dataset.transform = build_transform(cfg.data, "val")
+    n = min(int(q.calib_images), len(dataset))
+    pick = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(int(q.seed)))[:n]
+    data_cfg = OmegaConf.merge(cfg.data, {"batch_size": int(q.calib_batch_size), "pin_memory": False})
+    return build_loader(data_cfg, "val", Subset(dataset, pick.tolist()))  # random order: batches mix classes
+
+
+def settings(cfg, n_images):
+    out = {k: OmegaConf.to_container(cfg.quant, resolve=True).get(k) for k in SETTINGS}
+    out["calib_images"] = n_images
+    return out
+
+
+def quantize_for_eval(model, cfg, device=None):
+    """(model, quant info for the JSON result or None). Quantises the float `model` when quant.bits is set.
+
+    A model already holding quantised layers (loaded from a quantised checkpoint) is returned as is:
+    it is not calibrated again; asking for other bits or groups then is an error.
+    """
+    q = cfg.get("quant")
+    stored = quant_summary(model)
+    if stored is not None:
+        asked = {k: q.get(k) for k in ("bits", "groups")} if q is not None and q.get("bits") is not None else {}
+        for key, want in asked.items():
+            if want != stored[key]:
+                raise ConfigError(f"the checkpoint is already quantised with {key}={stored[key]}, but quant.{key}="
+                                  f"{want} was asked; drop the quant.* overrides or pass the float checkpoint.")
+        return model, {**stored, "calibrated": "stored in the checkpoint"}
+    if q is None or q.get("bits") is None:
+        return model, None
+    check_quant_config(q)
+    loader = calibration_loader(cfg)
+    bn_loader = calibration_loader(cfg, augment=bool(q.bn_augment)) if q.bn_recalib else None
+    torch.manual_seed(int(q.seed))  # the augmentation draws from the global RNG (num_workers=0)
+    quantize_model(model, loader, q, bn_loader)
+    return model, {**settings(cfg, len(loader.dataset)), "calibrated": "now"}

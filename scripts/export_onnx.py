@@ -1,0 +1,41 @@
+"""Export to ONNX: ``python scripts/export_onnx.py checkpoint=PATH out=model.onnx [quant.bits=8 ...] [opset=17]``.
+
+The float model, or with quant.bits (or a quantised checkpoint of scripts/quantize.py) the quantised
+one, written with standard operators only (addernet/quant/onnx.py), input "images" (N, C, H, W) with
+a dynamic batch, output "logits"; onnx.checker runs on the file. Needs the optional extras onnx
+(+ onnxruntime to run it): pip install -r requirements-extras.txt.
+"""
+import json
+import sys
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf.errors import OmegaConfBaseException
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from addernet.checkpoint import CheckpointError  # noqa: E402
+from addernet.data import DataError  # noqa: E402
+from addernet.engine import ConfigError  # noqa: E402
+from addernet.quant import quantize_for_eval  # noqa: E402
+from addernet.quant.loading import load_float_model  # noqa: E402
+from addernet.quant.onnx import export_onnx  # noqa: E402
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="export_onnx")
+def main(cfg):
+    try:
+        model, cfg, path = load_float_model(cfg, HydraConfig.get().overrides.task, allow_quantized=True)
+        model, info = quantize_for_eval(model, cfg)
+        size = int(cfg.data.image_size)
+        example = torch.zeros(2, int(cfg.data.in_channels), size, size)
+        export_onnx(model.eval(), cfg.out, example, int(cfg.opset))
+        print(json.dumps({"out": str(cfg.out), "opset": int(cfg.opset), "quant": info}), flush=True)
+    except (CheckpointError, ConfigError, DataError, OmegaConfBaseException, ValueError, ImportError) as e:
+        print(f"export_onnx.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Write a quantised checkpoint: ``python scripts/quantize.py checkpoint=PATH out=PATH quant.bits=8 [quant.*=...]``.
+
+Same settings as test.py (configs/quantize.yaml = configs/test.yaml + `out`): the model and data come
+from our checkpoint's stored config (or the command line for official files); calibration runs on
+the data config's training split (docs/quantization.md). The file (integer weights, scales, groups,
+bias terms, ranges, re-estimated BatchNorm, the source config) is evaluated by test.py directly,
+without calibrating again, and loads with torch.load(weights_only=True). Prints one JSON line.
+"""
+import json
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from addernet.checkpoint import CheckpointError  # noqa: E402
+from addernet.data import DataError  # noqa: E402
+from addernet.engine import ConfigError  # noqa: E402
+from addernet.quant import quantize_for_eval, save_quantized  # noqa: E402
+from addernet.quant.loading import load_float_model  # noqa: E402
+
+
+@hydra.main(version_base="1.3", config_path="../configs", config_name="quantize")
+def main(cfg):
+    try:
+        model, cfg, path = load_float_model(cfg, HydraConfig.get().overrides.task)
+        if cfg.quant.bits is None:
+            raise ConfigError("give the bit width: quant.bits=8 (2..16)")
+        model, info = quantize_for_eval(model, cfg)
+        config = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("checkpoint", "out")}
+        settings = {k: v for k, v in info.items() if k != "calibrated"}
+        settings["source"] = str(path)
+        save_quantized(cfg.out, model, config, settings)
+        print(json.dumps({"out": str(cfg.out), **settings}), flush=True)
+    except (CheckpointError, ConfigError, DataError, OmegaConfBaseException) as e:
+        print(f"quantize.py: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

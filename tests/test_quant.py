@@ -1,0 +1,247 @@
+"""Post-training quantisation (addernet/quant): the spec's identities, the integer kernel against an
+integer reference, grouping against brute force, the quantised layer's two paths, checkpoints, errors."""
+import itertools
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from addernet.checkpoint import CheckpointError
+from addernet.engine import ConfigError
+from addernet.models import build_model
+from addernet.ops import Adder2d
+from addernet.ops.reference import adder2d_reference
+from addernet.quant import QAdder2d, load_quantized, quantize_model, save_quantized
+from addernet.quant.convert import quantize_layer
+from addernet.quant.grouping import group_filters, kmeans_1d
+from addernet.quant.quantizer import clamp_weight, group_scales, levels, quantize_activation, quantize_weight
+from conftest import REPO
+
+QUANT_DEFAULTS = OmegaConf.load(REPO / "configs" / "quant" / "default.yaml")
+
+
+def quant_cfg(**kw):
+    return OmegaConf.merge(QUANT_DEFAULTS, kw)
+
+
+def int_reference(x, w, stride, padding, dilation, groups):
+    """sum |x - w| in int64 from unfold: the plain integer reference of the kernel."""
+    n, o = x.shape[0], w.shape[0]
+    cols = F.unfold(x.double(), w.shape[-2:], dilation=dilation, padding=padding, stride=stride).to(torch.int64)
+    cols = cols.view(n, groups, -1, cols.shape[-1])
+    wk = w.to(torch.int64).reshape(groups, o // groups, -1)
+    y = (cols.unsqueeze(2) - wk[None, :, :, :, None]).abs().sum(3)
+    ho = (x.shape[2] + 2 * padding[0] - dilation[0] * (w.shape[2] - 1) - 1) // stride[0] + 1
+    wo = (x.shape[3] + 2 * padding[1] - dilation[1] * (w.shape[3] - 1) - 1) // stride[1] + 1
+    return y.reshape(n, o, ho, wo)
+
+
+# ---- spec identities -------------------------------------------------------------------------------------
+
+def test_weight_clamp_with_bias_is_exact_within_the_range_and_not_beyond():
+    g = torch.Generator().manual_seed(0)
+    a = 1.5
+    w = torch.randn(6, 4, 3, 3, generator=g, dtype=torch.float64) * 3  # most |w| > A
+    clamped, beta = clamp_weight(w, a)
+    assert clamped.abs().max() <= a and (beta < 0).all()
+    for low in (0.0, -a):  # x in [0, A] and in [-A, A]
+        x = low + (a - low) * torch.rand(2, 4, 7, 7, generator=g, dtype=torch.float64)
+        want = adder2d_reference(x, w, (1, 1), (0, 0))
+        got = adder2d_reference(x, clamped, (1, 1), (0, 0)) + beta.view(1, -1, 1, 1)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    x = torch.full((1, 4, 3, 3), 3 * a, dtype=torch.float64)  # beyond A the identity must fail
+    assert (adder2d_reference(x, clamped, (1, 1), (0, 0)) + beta.view(1, -1, 1, 1)
+            - adder2d_reference(x, w, (1, 1), (0, 0))).abs().max() > 1
+
+
+@pytest.mark.parametrize("bits", [8, 6, 5, 4])
+def test_integer_form_equals_the_dequantised_float_form(bits):
+    """-sum|x_hat - w_hat| = -(s / (2^b-1)) sum|q_a - 2 q_w| (spec section 2), in float64."""
+    g = torch.Generator().manual_seed(bits)
+    s, lv = 0.8, levels(bits)
+    x = torch.rand(3, 5, 6, 6, generator=g, dtype=torch.float64) * 1.2  # some beyond s: clipped
+    w = (torch.rand(4, 5, 3, 3, generator=g, dtype=torch.float64) * 2 - 1) * s
+    qa = quantize_activation(x, s, bits)
+    qw = quantize_weight(w, torch.full((4,), s, dtype=torch.float64), bits)
+    assert qa.min() >= 0 and qa.max() <= lv and qw.min() >= -2 ** (bits - 1) and qw.max() <= 2 ** (bits - 1) - 1
+    dequant = adder2d_reference(qa * s / lv, qw * 2 * s / lv, (1, 1), (1, 1))
+    integer = -(s / lv) * int_reference(qa.long(), (2 * qw).long(), (1, 1), (1, 1), (1, 1), 1).double()
+    torch.testing.assert_close(dequant, integer, rtol=0, atol=1e-10)
+
+
+def test_rounding_is_half_to_even():
+    """Pinned (spec pitfall 7): x (2^b-1)/s = 2.5 -> 2, 3.5 -> 4."""
+    lv = levels(4)
+    q = quantize_activation(torch.tensor([2.5, 3.5]) / lv, 1.0, 4)
+    assert q.tolist() == [2.0, 4.0]
+
+
+def test_group_scales_are_the_activation_range_or_the_group_max():
+    w = torch.tensor([0.5, -0.7, 3.0, 5.0]).view(4, 1, 1, 1)
+    group = torch.tensor([0, 0, 1, 1])
+    assert group_scales(w, group, 2, act_range=2.0).tolist() == pytest.approx([0.7, 2.0])
+
+
+# ---- grouping ----------------------------------------------------------------------------------------------
+
+def _sse(values, labels):
+    return sum(((values[labels == c] - values[labels == c].mean()) ** 2).sum() for c in set(labels.tolist()))
+
+
+def test_kmeans_1d_is_the_optimum_of_every_assignment():
+    rng = np.random.default_rng(0)
+    for n, k in ((7, 3), (8, 2), (6, 4)):
+        v = rng.gamma(2.0, 1.0, n)
+        labels = kmeans_1d(v, k)
+        best = min(_sse(v, np.array(a)) for a in itertools.product(range(k), repeat=n) if len(set(a)) == k)
+        assert len(set(labels.tolist())) == k
+        assert _sse(v, labels) == pytest.approx(best, rel=1e-12)
+        means = [v[labels == c].mean() for c in range(k)]
+        assert means == sorted(means)  # groups numbered by ascending max|w|
+
+
+def test_grouping_deterministic_sorted_and_not_worse_than_sklearn():
+    sklearn = pytest.importorskip("sklearn")
+    assert sklearn
+    w = torch.randn(64, 16, 3, 3, generator=torch.Generator().manual_seed(3)) * torch.linspace(0.2, 3, 64).view(-1, 1, 1, 1)
+    feature = w.abs().flatten(1).amax(1).double().numpy()
+    ours = group_filters(w, 4)
+    assert torch.equal(ours, group_filters(w.clone(), 4))
+    for method in ("kmeans", "kmeans_sklearn"):
+        labels = group_filters(w, 4, method, seed=0)
+        maxes = [feature[labels.numpy() == c].max() for c in range(4)]
+        mins = [feature[labels.numpy() == c].min() for c in range(4)]
+        assert all(maxes[c] < mins[c + 1] for c in range(3))  # contiguous groups, ascending
+    assert _sse(feature, ours.numpy()) <= _sse(feature, group_filters(w, 4, "kmeans_sklearn", 0).numpy()) + 1e-12
+
+
+# ---- integer kernel ----------------------------------------------------------------------------------------
+
+CASES = [  # (N, C, H, W, O, kernel, stride, padding, dilation, groups)
+    (2, 16, 9, 7, 5, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    (3, 6, 8, 8, 6, (3, 3), (2, 2), (1, 1), (1, 1), 2),
+    (1, 3, 5, 6, 7, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+    (2, 64, 8, 8, 64, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    (1, 8, 11, 10, 9, (3, 2), (2, 1), (0, 2), (2, 1), 1),
+    (5, 32, 16, 16, 64, (1, 1), (2, 2), (0, 0), (1, 1), 1),
+    (1, 12, 7, 7, 12, (3, 3), (1, 1), (1, 1), (1, 1), 3),
+]
+
+
+@pytest.mark.parametrize("lane", [torch.uint8, torch.uint16])
+@pytest.mark.parametrize("case", CASES)
+def test_integer_kernel_equals_the_integer_reference(case, lane):
+    from addernet.ops.kernels import int_cpu
+
+    n, c, h, wd, o, k, s, p, d, groups = case
+    top = 256 if lane == torch.uint8 else 65536
+    g = torch.Generator().manual_seed(hash(case) % 1000)
+    x = torch.randint(0, top, (n, c, h, wd), generator=g, dtype=torch.int32)
+    w = torch.randint(0, top, (o, c // groups, *k), generator=g, dtype=torch.int32)
+    y = int_cpu.forward(x.to(lane), w.to(lane), s, p, d, groups)
+    assert y.dtype == torch.int32
+    assert torch.equal(y.long(), int_reference(x, w, s, p, d, groups))
+
+
+def test_integer_kernel_rejects_signed_or_mixed_dtypes():
+    from addernet.ops.kernels import int_cpu
+
+    with pytest.raises(TypeError, match="uint8 or uint16"):
+        int_cpu.forward(torch.zeros(1, 2, 4, 4, dtype=torch.int8), torch.zeros(1, 2, 1, 1, dtype=torch.int8))
+
+
+# ---- the quantised layer -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bits", [8, 6, 5, 4, 12])
+@pytest.mark.parametrize("conf", [dict(stride=1, padding=1, groups=1), dict(stride=2, padding=0, groups=2)])
+def test_qadder_integer_path_matches_float_path_and_an_independent_reference(bits, conf):
+    g = torch.Generator().manual_seed(bits)
+    adder = Adder2d(8, 12, 3, stride=conf["stride"], padding=conf["padding"], groups=conf["groups"])
+    with torch.no_grad():
+        adder.weight.copy_(torch.randn(adder.weight.shape, generator=g) * torch.linspace(0.1, 2, 12).view(-1, 1, 1, 1))
+    x = torch.rand(3, 8, 9, 9, generator=g) * 1.3
+    q = quantize_layer(adder, act_range=1.0, bits=bits, n_groups=3)
+    q.kernel = "int"
+    y_int = q(x)
+    q.kernel = "fake"
+    y_fake = q(x)
+    torch.testing.assert_close(y_int, y_fake, rtol=1e-5, atol=1e-5 * y_fake.abs().max().item())
+    # independent: per filter, its group's scale, integer sum from the unfold reference
+    lv, want = levels(bits), torch.empty_like(y_int, dtype=torch.float64)
+    cg, og = 8 // conf["groups"], 12 // conf["groups"]
+    for o in range(12):
+        s = q.scale[q.group[o]].double()
+        qa = (x.double() * (lv / s)).round().clamp(0, lv).long()
+        h = o // og
+        total = int_reference(qa[:, h * cg:(h + 1) * cg], 2 * q.qweight[o:o + 1].long(), adder.stride,
+                              adder.padding, (1, 1), 1)
+        want[:, o] = (-(s / lv) * total.double() + q.bias_term[o].double())[:, 0]
+    torch.testing.assert_close(y_int.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+def test_qadder_is_close_to_the_float_layer_at_8_bits_for_inputs_within_range():
+    g = torch.Generator().manual_seed(0)
+    adder = Adder2d(16, 16, 3, padding=1)
+    with torch.no_grad():
+        adder.weight.mul_(0.5)
+    x = torch.rand(2, 16, 8, 8, generator=g)
+    q = quantize_layer(adder, act_range=1.0, bits=8, n_groups=4)
+    y, yq = adder(x), q(x)
+    assert ((yq - y).abs().max() / y.abs().max()).item() < 0.01
+
+
+# ---- model, checkpoint, errors -----------------------------------------------------------------------------
+
+def _tiny_loader(n=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    images = torch.randn(n, 3, 32, 32, generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, torch.zeros(n)), batch_size=8)
+
+
+def test_quantize_model_swaps_every_adder_layer_and_keeps_stem_and_classifier(tmp_path):
+    torch.manual_seed(0)
+    model = build_model("resnet20").eval()
+    ref = build_model("resnet20").eval()
+    ref.load_state_dict(model.state_dict())
+    quantize_model(model, _tiny_loader(), quant_cfg(bits=8, groups=2))
+    assert not any(isinstance(m, Adder2d) for m in model.modules())
+    assert sum(isinstance(m, QAdder2d) for m in model.modules()) == 20  # 18 3x3 + 2 downsample 1x1
+    assert torch.equal(model.conv1.weight, ref.conv1.weight) and torch.equal(model.fc.weight, ref.fc.weight)
+    x = next(iter(_tiny_loader(seed=1)))[0]
+    with torch.no_grad():
+        y = model(x)
+    path = save_quantized(tmp_path / "q.pt", model, {"model": {"name": "resnet20"}}, {"bits": 8})
+    raw = torch.load(path, weights_only=True)
+    assert raw["quant"] == {"bits": 8} and raw["model"]["layer1.0.conv1.qweight"].dtype == torch.int8
+    loaded, _ = load_quantized(build_model("resnet20").eval(), path)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), y)
+    with pytest.raises(CheckpointError, match="do not match"):
+        load_quantized(build_model("resnet32"), path)
+
+
+@pytest.mark.parametrize("bad, match", [(dict(bits=1), "quant.bits=1"), (dict(bits=17), "quant.bits=17"),
+                                        (dict(bits="8"), "quant.bits='8'"), (dict(bits=8, groups=17), "quant.groups=17")])
+def test_bad_settings_are_config_errors(bad, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        quantize_model(build_model("resnet20"), _tiny_loader(), quant_cfg(**bad))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("conf", [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=1, stride=2, padding=0)])
+def test_onnx_quantised_layer_equals_qadder_exactly(tmp_path, conf):
+    """One quantised layer through onnxruntime: the same values as the integer kernel, bit for bit."""
+    pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    from addernet.quant.onnx import OnnxQAdder2d, export_onnx
+
+    g = torch.Generator().manual_seed(1)
+    adder = Adder2d(16, 32, **conf)
+    x = torch.rand(3, 16, 8, 8, generator=g) * 1.5
+    q = quantize_layer(adder, act_range=1.0, bits=8, n_groups=4).eval()
+    path = export_onnx(torch.nn.Sequential(q), tmp_path / "layer.onnx", x[:1])
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"images": x.numpy()})[0]
+    assert torch.equal(torch.from_numpy(got), q(x))
+    assert torch.equal(OnnxQAdder2d(q)(x), q(x))
