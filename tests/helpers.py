@@ -149,6 +149,8 @@ from addernet.tasks import ClassificationTask  # noqa: E402
 class L2PenaltyTask(ClassificationTask):
     """Cross-entropy plus ``task.weight`` * (sum of squared model weights), reported as parts ``ce`` and ``l2``."""
 
+    config_keys = ("weight",)
+
     def forward(self, images, target):
         out = super().forward(images, target)
         l2 = sum((p.float() ** 2).sum() for p in self.model.parameters())

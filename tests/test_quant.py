@@ -17,7 +17,7 @@ from addernet.quant import QAdder2d, load_quantized, quantize_model, save_quanti
 from addernet.quant.convert import quantize_layer
 from addernet.quant.grouping import group_filters, kmeans_1d
 from addernet.quant.quantizer import clamp_weight, group_scales, levels, quantize_activation, quantize_weight
-from conftest import REPO
+from helpers import REPO
 
 QUANT_DEFAULTS = OmegaConf.load(REPO / "configs" / "quant" / "default.yaml")
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import CIFAR_SAMPLE, SHARED, run_train
+from helpers import CIFAR_SAMPLE, SHARED, run_train
 
 OFFICIAL = SHARED / "official" / "ResNet20-AdderNet.pth"
 REFERENCE = SHARED / "official" / "ResNet20-AdderNet.cifar10-test-sample.jsonl"
@@ -78,7 +78,7 @@ def _sample(n_per_class):
     from addernet.data import build_dataset
     from hydra import compose, initialize_config_dir
 
-    from conftest import REPO
+    from helpers import REPO
 
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose("test", overrides=["model=resnet20", *DATA])

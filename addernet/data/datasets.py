@@ -56,7 +56,7 @@ class CheckedImageFolder(tvd.ImageFolder):
                 self.skipped.value += 1
             log.warning("%s: skipped unreadable image %s (%s)", self.name, path, reason)
             return None
-        return self.transform(image), target
+        return (self.transform(image) if self.transform is not None else image), target
 
 
 def take_skipped(loader):

@@ -54,7 +54,7 @@ def check_config(cfg):
     """Validate everything training uses, with messages that say which override fixes what."""
     _groups(cfg, TRAIN_GROUPS, "train")
     for group in TRAIN_GROUPS:
-        check_known_keys(group, cfg[group].keys())
+        check_known_keys(group, cfg[group].keys(), extra=_task_keys(cfg) if group == "task" else ())
     number(cfg.trainer, "epochs", "trainer.epochs", minimum=1, integer=True)
     for key in ("seed", "log_every", "hist_every"):
         number(cfg.trainer, key, f"trainer.{key}", minimum=0 if key == "seed" else 1, integer=True)
@@ -99,9 +99,18 @@ def group_keys(group, configs=CONFIGS):
     return frozenset(keys)
 
 
-def check_known_keys(group, keys, configs=CONFIGS):
-    """ConfigError for a key no config file of ``group`` defines (e.g. ``+trainer.epoch=1``), listing the valid ones."""
-    valid = group_keys(group, configs)
+def _task_keys(cfg):
+    """The keys the selected task class declares (``config_keys``): a task kept outside configs/task/ has its own."""
+    from ..tasks import task_class
+    return tuple(getattr(task_class(cfg.task.get("name")), "config_keys", ()))
+
+
+def check_known_keys(group, keys, configs=CONFIGS, extra=()):
+    """ConfigError for a key no config file of ``group`` defines (e.g. ``+trainer.epoch=1``), listing the valid ones.
+
+    ``extra``: further valid keys (those a selected task class declares in ``config_keys``).
+    """
+    valid = group_keys(group, configs) | set(extra)
     if not valid:  # no configs/ next to the package (an installed copy): nothing to compare with
         return
     unknown = sorted(set(keys) - valid)

@@ -24,6 +24,8 @@ class TrainingTask:
 
     #: Extra-module names that train: they go into the optimizer, DDP, and train() mode.
     trainable = ()
+    #: Keys of cfg.task this task reads beyond those of configs/task/*.yaml (unknown keys are refused).
+    config_keys = ()
 
     def __init__(self, model, cfg, full_cfg=None):
         self.model, self.net, self.cfg, self.full_cfg = model, model, cfg, full_cfg
