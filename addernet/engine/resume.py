@@ -95,7 +95,6 @@ def restore(run, path):
     run.task.load_state_dict(ckpt.get("task", {}), source=path)
     run.optimizer.load_state_dict(ckpt["optimizer"])
     run.scheduler.load_state_dict(ckpt["scheduler"])
-    planned = stored.get("trainer", {}).get("epochs", run.epochs)
     run.scaler.load_state_dict(ckpt["scaler"])
     run.state.update({k: ckpt[k] for k in fresh_state()})
     run.sums.load_state_dict(ckpt["train_sums"])
@@ -105,6 +104,7 @@ def restore(run, path):
                     "at step %d of the new data split (not bit-exact)", ckpt["world_size"], run.world, step)
     log.info("resumed from %s: %d epoch(s) done%s", path, run.state["epoch"],
              f", {step} step(s) into the next" if step else "")
+    planned = stored.get("trainer", {}).get("epochs", run.epochs)
     if planned != run.epochs:
         reschedule(run, planned)
     return ckpt["rng"][run.rank] if step and same_world else None
