@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -292,6 +293,23 @@ def test_workers_ignore_stop_signals_and_keep_their_seeds(jpeg_cifar):
     assert batch[0, 2].item() == base % 2**31  # worker 0's seed: base seed + 0, as without the init fn
 
 
+def test_a_worker_iterator_alive_at_exit_does_not_hang_the_process():
+    """An iterator that is never freed (a module global) keeps SIGTERM-ignoring workers to the end: the exit
+    hook kills them, quietly, instead of multiprocessing waiting forever for them to take its SIGTERM."""
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO / "tests")!r})
+        from helpers import compose
+        from addernet.data import build_loader
+        batches = iter(build_loader(compose({FAKE!r} + ["data.num_workers=1"]).data, "train"))
+        next(batches)
+        print("one batch")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "one batch", r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "killed by signal" not in r.stderr, r.stderr[-2000:]
+
+
 def test_second_ctrl_c_stops_at_once():
     flag = StopFlag()
     flag(signal.SIGINT, None)
@@ -338,6 +356,16 @@ def test_corrupt_image_names_the_file_and_the_dataset(corrupt_folder, workers):
     msg = str(e.value)
     assert msg.startswith(f"cifar10_folder train set: cannot read image {bad}") and "\n" not in msg, msg
     assert "data.skip_corrupt=true" in msg
+
+
+@pytest.mark.slow
+def test_train_py_exits_after_a_worker_error(tmp_path, corrupt_folder):
+    """The DataError from a worker leaves its iterator alive in the traceback; its workers ignore SIGTERM, so
+    without addernet.data.loader.kill_workers_left_at_exit the process hung at exit (in multiprocessing's join)."""
+    root, bad = corrupt_folder
+    r = run_train(_folder(root, "data.num_workers=1", f"hydra.run.dir={tmp_path / 'run'}"), timeout=120)
+    assert r.returncode == 2 and f"cannot read image {bad}" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
 
 
 def test_skip_corrupt_skips_and_reports_per_epoch(tmp_path, corrupt_folder):

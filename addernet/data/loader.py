@@ -14,7 +14,13 @@ drop rule and seeding, with the augmentation done in batches on the training dev
 
 Workers ignore SIGTERM and SIGINT: a scheduler (or Ctrl-C) signals the whole process group, and the
 main process, not its workers, decides when to stop (after saving); it then shuts the workers down.
+Because they ignore SIGTERM, an iterator still alive at exit (one kept by the traceback of an error
+raised from a worker, say) would make multiprocessing's exit handler, which terminates daemonic
+children with SIGTERM and then joins them, wait forever: an atexit hook kills such workers first.
 """
+import atexit
+import gc
+import multiprocessing
 import os
 import random
 import signal
@@ -56,6 +62,21 @@ def ignore_stop_signals(worker_id):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def kill_workers_left_at_exit():
+    """atexit: shut down the DataLoader workers still alive; they ignore SIGTERM.
+
+    A garbage collection first frees iterators kept only by reference cycles (a traceback), whose
+    ``__del__`` stops their workers the normal way; any daemonic child left after that is killed,
+    with DataLoader's SIGCHLD handler removed so the kill is not reported as a worker failure.
+    """
+    gc.collect()
+    left = [child for child in multiprocessing.active_children() if child.daemon]
+    if left:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for child in left:
+        child.kill()
+
+
 def collate_readable(batch):
     """default_collate of the samples that are not None (None: an unreadable image skipped by the dataset)."""
     kept = [sample for sample in batch if sample is not None]
@@ -78,6 +99,9 @@ def build_loader(data_cfg, split, dataset=None, *, rank=0, world_size=1, seed=0,
         return build_device_loader(data_cfg, split, dataset, per_rank=per_rank, rank=rank, world_size=world_size,
                                    seed=seed, device=device)
     workers = num_workers(data_cfg)
+    if workers:  # registered after multiprocessing's own exit handler, so it runs before it
+        atexit.unregister(kill_workers_left_at_exit)
+        atexit.register(kill_workers_left_at_exit)
     common = dict(num_workers=workers,
                   pin_memory=bool(data_cfg.pin_memory) and torch.cuda.is_available(),  # no-op without a GPU
                   generator=torch.Generator().manual_seed(int(seed)),
