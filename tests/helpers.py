@@ -53,6 +53,29 @@ def write_cifar10(root, n_train=40, n_test=37, seed=0):
     return out
 
 
+def write_mnist(root, n_train=40, n_test=21, seed=0):
+    """Write a tiny MNIST in the real idx format (root/MNIST/raw/*-ubyte, uncompressed, as torchvision reads it).
+
+    Returns {"train": (uint8 images N x 28 x 28, labels), "test": (...)}.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    raw = Path(root) / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for split, prefix, n in (("train", "train", n_train), ("test", "t10k", n_test)):
+        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        labels = rng.integers(0, 10, size=n).astype(np.uint8)
+        # idx: magic (0, 0, dtype 0x08 = ubyte, number of dimensions), then big-endian int32 sizes, then the data
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(
+            bytes([0, 0, 8, 3]) + np.array([n, 28, 28], dtype=">i4").tobytes() + images.tobytes())
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(
+            bytes([0, 0, 8, 1]) + np.array([n], dtype=">i4").tobytes() + labels.tobytes())
+        out[split] = (images, [int(x) for x in labels])
+    return out
+
+
 def trust_cifar10_md5(monkeypatch, md5):
     """Make torchvision's CIFAR10 integrity check accept the files written by write_cifar10 (this process only).
 

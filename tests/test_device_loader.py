@@ -14,7 +14,8 @@ from addernet.checkpoint import load_checkpoint
 from addernet.data import DataError, DeviceLoader, build_loader, epoch_seed, iter_from, seed_epoch
 from addernet.engine import Preempted, train
 from helpers import SigtermOn as _SigtermOn
-from helpers import compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10, write_jpeg_folder
+from helpers import (compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10, write_jpeg_folder,
+                     write_mnist)
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
 # Upper 0.1% points of the chi-square distribution (scipy.stats.chi2.ppf(0.999, df)), df = 81 cells - 1.
@@ -164,8 +165,24 @@ def test_fast_forward_equals_the_tail_of_the_epoch(jpeg_cifar):
     assert not torch.equal(torch.cat([x for x, _ in loader]), torch.cat([x for x, _ in full]))
 
 
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_mnist_tensor_resident_batches_equal_the_pil_path(tmp_path, split):
+    """MNIST (no augmentation): the batches of the tensor-resident path equal torchvision's PIL path bit for bit."""
+    write_mnist(tmp_path, n_train=45, n_test=21)
+    batches = {}
+    for on_device in ("true", "false"):
+        cfg = _cfg("data=mnist", f"data.root={tmp_path}", "data.download=false", f"data.on_device={on_device}",
+                   "data.batch_size=8", "data.num_workers=0")
+        loader = build_loader(cfg, split, seed=5)
+        if split == "train":
+            seed_epoch(loader, 5, 3)
+        batches[on_device] = list(loader)
+    assert len(batches["true"]) == len(batches["false"]) == (6 if split == "train" else 3)  # 45 = 5 x 8 + 5, 21 = 2 x 8 + 5
+    for (x, y), (x_ref, y_ref) in zip(batches["true"], batches["false"]):
+        assert x.dtype == x_ref.dtype and x.shape == x_ref.shape and torch.equal(x, x_ref) and torch.equal(y, y_ref)
+
+
 @pytest.mark.parametrize("overrides, message", [
-    (["data=mnist", "data.on_device=true"], "not data=mnist; use data.on_device=false"),
     (["data=imagenet", "data.on_device=true"], "not data=imagenet; use data.on_device=false"),
     (["data.on_device=true", "data.transform=imagenet"], "not 'imagenet'; use data.on_device=false"),
 ])

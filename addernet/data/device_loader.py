@@ -1,8 +1,9 @@
-"""The device-resident CIFAR pipeline (``data.on_device=true``): no workers, no per-image Python.
+"""The tensor-resident pipeline (``data.on_device=true``): no workers, no per-image Python.
 
-The decoded split is held as one uint8 N x C x H x W tensor on the training device (decoded once:
-torchvision CIFAR's ``dataset.data`` as is, an ImageFolder or FakeData through PIL, in the order of
-the dataset's samples). Every batch is gathered, cropped, flipped and normalised there in a few
+For small datasets (CIFAR, MNIST, FakeData) the per-image PIL path costs more than a small model's
+step. Here the decoded split is held as one uint8 N x C x H x W tensor on the training device, the
+CPU included (decoded once: torchvision CIFAR's and MNIST's ``dataset.data`` as is, an ImageFolder
+or FakeData through PIL, in the order of the dataset's samples). Every batch is gathered, cropped, flipped and normalised there in a few
 tensor ops, giving float32 N x C x size x size batches like the torchvision path (data.transform
 ``cifar``: RandomCrop(size, padding=4) + RandomHorizontalFlip for training, CenterCrop(size) for
 validation; ``plain``: no augmentation).
@@ -27,7 +28,7 @@ from torchvision import datasets as tvd
 
 from ..errors import DataError
 
-ON_DEVICE = ("cifar10", "cifar100", "cifar10_folder", "cifar100_folder", "fake")
+ON_DEVICE = ("cifar10", "cifar100", "cifar10_folder", "cifar100_folder", "mnist", "fake")
 TRANSFORMS = ("cifar", "plain")
 log = logging.getLogger("addernet.data")
 PADDING = 4  # RandomCrop(size, padding=4) of the CIFAR recipe (addernet/data/transforms.py)
@@ -48,6 +49,8 @@ def decode(dataset):
     if isinstance(dataset, tvd.CIFAR10):  # CIFAR100 too: already decoded, N x H x W x C
         images = torch.from_numpy(np.ascontiguousarray(dataset.data))
         return images.permute(0, 3, 1, 2).contiguous(), torch.as_tensor(dataset.targets, dtype=torch.int64)
+    if isinstance(dataset, tvd.MNIST):  # already decoded, uint8 N x H x W
+        return dataset.data.unsqueeze(1).contiguous(), dataset.targets.to(torch.int64)
     saved, dataset.transform = dataset.transform, None  # ImageFolder / FakeData then return PIL images
     try:
         pairs = [dataset[i] for i in range(len(dataset))]
