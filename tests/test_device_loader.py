@@ -8,10 +8,10 @@ import torch.nn.functional as F
 import torchvision.transforms as T
 import torchvision.transforms.functional as TF
 from PIL import Image
-from torch.utils.data import DistributedSampler, TensorDataset
+from torch.utils.data import DistributedSampler, Subset, TensorDataset
 
 from addernet.checkpoint import load_checkpoint
-from addernet.data import DataError, DeviceLoader, build_loader, epoch_seed, iter_from, seed_epoch
+from addernet.data import DataError, DeviceLoader, build_dataset, build_loader, epoch_seed, iter_from, seed_epoch
 from addernet.engine import Preempted, train
 from helpers import SigtermOn as _SigtermOn
 from helpers import (compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10, write_jpeg_folder,
@@ -165,19 +165,24 @@ def test_fast_forward_equals_the_tail_of_the_epoch(jpeg_cifar):
     assert not torch.equal(torch.cat([x for x, _ in loader]), torch.cat([x for x, _ in full]))
 
 
-@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("split", ["train", "val", "subset"])
 def test_mnist_tensor_resident_batches_equal_the_pil_path(tmp_path, split):
-    """MNIST (no augmentation): the batches of the tensor-resident path equal torchvision's PIL path bit for bit."""
+    """MNIST (no augmentation): the batches of the tensor-resident path equal torchvision's PIL path bit for bit,
+    for a Subset too (the quantisation calibration set is a random Subset of the training split)."""
     write_mnist(tmp_path, n_train=45, n_test=21)
     batches = {}
     for on_device in ("true", "false"):
         cfg = _cfg("data=mnist", f"data.root={tmp_path}", "data.download=false", f"data.on_device={on_device}",
                    "data.batch_size=8", "data.num_workers=0")
-        loader = build_loader(cfg, split, seed=5)
+        if split == "subset":
+            loader = build_loader(cfg, "val", Subset(build_dataset(cfg, "train"), [44, 3, 17, 3, 0, 29, 8, 11, 40]))
+        else:
+            loader = build_loader(cfg, split, seed=5)
         if split == "train":
             seed_epoch(loader, 5, 3)
         batches[on_device] = list(loader)
-    assert len(batches["true"]) == len(batches["false"]) == (6 if split == "train" else 3)  # 45 = 5 x 8 + 5, 21 = 2 x 8 + 5
+    # 45 = 5 x 8 + 5 training images, 21 = 2 x 8 + 5 test images, 9 = 8 + 1 picked
+    assert len(batches["true"]) == len(batches["false"]) == {"train": 6, "val": 3, "subset": 2}[split]
     for (x, y), (x_ref, y_ref) in zip(batches["true"], batches["false"]):
         assert x.dtype == x_ref.dtype and x.shape == x_ref.shape and torch.equal(x, x_ref) and torch.equal(y, y_ref)
 

@@ -44,16 +44,22 @@ def check_on_device(data_cfg):
                         f"{data_cfg.transform!r}; use data.on_device=false for that transform.")
 
 
-def decode(dataset):
-    """(images uint8 N x C x H x W, targets int64 N) of a CIFAR, ImageFolder or FakeData dataset, untransformed."""
+def decode(dataset, indices=None):
+    """(images uint8 N x C x H x W, targets int64 N) of a CIFAR, MNIST, ImageFolder or FakeData dataset (or a
+    Subset of one, such as the calibration set of addernet.quant), untransformed; ``indices`` selects samples."""
+    if isinstance(dataset, Subset):
+        picked = list(dataset.indices)
+        return decode(dataset.dataset, picked if indices is None else [picked[i] for i in indices])
+    rows = slice(None) if indices is None else torch.as_tensor(list(indices), dtype=torch.int64)
     if isinstance(dataset, tvd.CIFAR10):  # CIFAR100 too: already decoded, N x H x W x C
-        images = torch.from_numpy(np.ascontiguousarray(dataset.data))
-        return images.permute(0, 3, 1, 2).contiguous(), torch.as_tensor(dataset.targets, dtype=torch.int64)
+        images = torch.from_numpy(np.ascontiguousarray(dataset.data))[rows]
+        return (images.permute(0, 3, 1, 2).contiguous(),
+                torch.as_tensor(dataset.targets, dtype=torch.int64)[rows])
     if isinstance(dataset, tvd.MNIST):  # already decoded, uint8 N x H x W
-        return dataset.data.unsqueeze(1).contiguous(), dataset.targets.to(torch.int64)
+        return dataset.data[rows].unsqueeze(1).contiguous(), dataset.targets.to(torch.int64)[rows]
     saved, dataset.transform = dataset.transform, None  # ImageFolder / FakeData then return PIL images
     try:
-        pairs = [dataset[i] for i in range(len(dataset))]
+        pairs = [dataset[i] for i in (range(len(dataset)) if indices is None else indices)]
     finally:
         dataset.transform = saved
     if not pairs:
