@@ -164,8 +164,8 @@ class Run:
         log.info("run dir %s | %d process(es) | device %s | amp %s", self.run_dir, self.world, self.device, self.amp)
         if self.stale:
             log.info("removed %d temporary file(s) of an interrupted write: %s", len(self.stale), ", ".join(self.stale))
+        path = self.resumed_from = resume_path(cfg, self.run_dir, self.ckpt_dir)  # refuses to overwrite a history
         self.build()
-        path = self.resumed_from = resume_path(cfg, self.ckpt_dir)
         if path:
             self.pending_rng = restore(self, path)  # refuses a different model, before the config is rewritten
         self.resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -235,7 +235,7 @@ class Run:
             self.outputs.close()
             raise self.stop.error(f"stopped by {self.stop.name} after epoch {epoch + 1}; saved "
                                   f"{os.path.join(self.ckpt_dir, 'last.pt')}. Re-run with hydra.run.dir="
-                                  f"{self.run_dir} to resume (or trainer.resume=<that file>).")
+                                  f"{self.run_dir} to resume.")
 
     def finish(self):
         s, cfg = self.state, self.cfg

@@ -95,7 +95,7 @@ def preempt(run, epoch, step, bar):
     bar.close()
     run.outputs.close()
     raise run.stop.error(f"stopped by {run.stop.name} at epoch {epoch + 1} step {step}; saved {last}. Re-run with "
-                         f"hydra.run.dir={run.run_dir} to resume (or trainer.resume=<that file>).")
+                         f"hydra.run.dir={run.run_dir} to resume.")
 
 
 def _parts(out):
