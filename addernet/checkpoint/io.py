@@ -124,5 +124,18 @@ def load_weights(model, state_dict, source="checkpoint", hint=""):
         if hint:
             lines.append(hint)
         raise CheckpointError("\n".join(lines))
+    check_finite(state_dict, source)
     model.load_state_dict(state_dict)
     return model
+
+
+def check_finite(state_dict, source="checkpoint"):
+    """CheckpointError naming the tensors of ``state_dict`` that hold NaN or inf (nothing useful comes of them)."""
+    bad = [k for k, v in state_dict.items()
+           if isinstance(v, torch.Tensor) and v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise CheckpointError(f"{source} holds NaN/inf values in {len(bad)} tensor(s): {', '.join(bad[:5])}"
+                              f"{' ...' if len(bad) > 5 else ''}; a model with them gives meaningless results. Use "
+                              f"an earlier checkpoint of the run (e.g. checkpoints/best.pt); if the run diverged, "
+                              f"resume that one with a lower optim.lr (trainer.resume_override=true) or "
+                              f"trainer.amp=off.")

@@ -6,6 +6,7 @@ bad value stops with one message naming the key and the fix instead of failing d
 import difflib
 import functools
 import glob
+import math
 import os
 
 import torch
@@ -39,6 +40,11 @@ def check_eval_config(cfg):
         if values is not None and len(values) != int(cfg.data.in_channels):
             raise ConfigError(f"data.{key} has {len(values)} value(s) but data.in_channels={cfg.data.in_channels}; "
                               f"give one per channel, e.g. data.{key}=[{','.join(['0.5'] * int(cfg.data.in_channels))}].")
+        ok = (lambda v: v > 0) if key == "std" else (lambda v: True)
+        if values is not None and not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                          and math.isfinite(v) and ok(v) for v in values):
+            raise ConfigError(f"data.{key}={list(values)} must hold finite numbers{' > 0 (images are divided by it)' if key == 'std' else ''}"
+                              f"; e.g. data.{key}=[{','.join(['0.5'] * len(values))}].")
     choice(cfg.trainer, "amp", "trainer.amp", tuple(AMP_DTYPES))
     choice(cfg.model, "layer", "model.layer", ("adder", "conv"))
     device = str(cfg.trainer.device)
@@ -58,6 +64,8 @@ def check_config(cfg):
     number(cfg.trainer, "epochs", "trainer.epochs", minimum=1, integer=True)
     for key in ("seed", "log_every", "hist_every"):
         number(cfg.trainer, key, f"trainer.{key}", minimum=0 if key == "seed" else 1, integer=True)
+    if cfg.trainer.seed >= 2 ** 32:  # torch's and the sampler's seeds (seed + rank, seed + epoch) must fit 64 bits
+        raise ConfigError(f"trainer.seed={cfg.trainer.seed} is too large; use an integer in [0, 2**32 - 1].")
     check_eval_config(cfg)
     # BatchNorm in training mode needs 2 samples per process and batch (the loader checks the per-process share)
     number(cfg.data, "batch_size", "data.batch_size", minimum=2, integer=True)
