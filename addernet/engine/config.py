@@ -64,6 +64,7 @@ def check_config(cfg):
     number(cfg.trainer, "epochs", "trainer.epochs", minimum=1, integer=True)
     for key in ("seed", "log_every", "hist_every"):
         number(cfg.trainer, key, f"trainer.{key}", minimum=0 if key == "seed" else 1, integer=True)
+    number(cfg.trainer, "dist_timeout", "trainer.dist_timeout", positive=True)
     if cfg.trainer.seed >= 2 ** 32:  # torch's and the sampler's seeds (seed + rank, seed + epoch) must fit 64 bits
         raise ConfigError(f"trainer.seed={cfg.trainer.seed} is too large; use an integer in [0, 2**32 - 1].")
     check_eval_config(cfg)

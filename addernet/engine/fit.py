@@ -54,7 +54,7 @@ def _train(cfg, run_dir):
     check_config(cfg)
     if cfg.trainer.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
-    device = dist.init_distributed(device_type(cfg))
+    device = dist.init_distributed(device_type(cfg), float(cfg.trainer.get("dist_timeout", dist.DEFAULT_TIMEOUT_S)))
     if str(cfg.trainer.device).startswith("cuda:") and not dist.is_distributed():
         device = torch.device(str(cfg.trainer.device))
     try:
@@ -70,6 +70,11 @@ def _train(cfg, run_dir):
             restore_logging()
             if run.lock is not None:
                 run.lock.close()  # releases the run dir
+    except Exception as e:
+        peer = dist.peer_failure(e, float(cfg.trainer.get("dist_timeout", dist.DEFAULT_TIMEOUT_S)))
+        if peer is not None:
+            raise peer from None
+        raise
     finally:
         dist.cleanup()
 
