@@ -12,6 +12,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from addernet.distributed import env_rank
 from addernet.engine import train
+from addernet.engine.entry_checks import precheck
+from addernet.engine.sweep import record_failure, sweep_exit_code
 from addernet.errors import AdderNetError, Preempted
 
 # hydra.output_subdir is ${rank0_only:.hydra}: ranks > 0 write no .hydra/ folder.
@@ -23,8 +25,10 @@ def main(cfg):
     try:
         return train(cfg, HydraConfig.get().runtime.output_dir)["best_top1"]
     except (AdderNetError, OmegaConfBaseException) as e:
-        print(f"train.py: {'' if isinstance(e, Preempted) else 'error: '}{e}", file=sys.stderr)
-        sys.exit(getattr(e, "exit_code", 2))
+        message = f"train.py: {'' if isinstance(e, Preempted) else 'error: '}{e}"
+        print(message, file=sys.stderr)
+        if isinstance(e, Preempted) or not record_failure(message, getattr(e, "exit_code", 2)):
+            sys.exit(getattr(e, "exit_code", 2))  # a multirun records a failed job and goes on
     except KeyboardInterrupt:  # a second Ctrl-C (the first one saves and exits 130 through Interrupted)
         print("train.py: interrupted twice: stopped at once without saving the current epoch; "
               "checkpoints/last.pt (if any) is intact.", file=sys.stderr)
@@ -32,4 +36,9 @@ def main(cfg):
 
 
 if __name__ == "__main__":
+    error = precheck(sys.argv[1:], "train")  # before Hydra, whose own errors are multi-line, exit 1
+    if error:
+        print(f"train.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
     main()
+    sys.exit(sweep_exit_code())

@@ -61,6 +61,7 @@ def test_16_bit_png_is_scaled_to_8_bits_not_clipped_white(tmp_path):
     assert rgb.min() == 0 and rgb.max() == 255 and len(np.unique(rgb)) == 256
 
 
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # the folder's 32x32 images
 @pytest.mark.parametrize("skip", [False, True])
 def test_decompression_bomb_is_a_corrupt_image(small_folder, monkeypatch, skip):
     bomb = small_folder / "test" / "cat" / "bomb.png"
@@ -74,3 +75,195 @@ def test_decompression_bomb_is_a_corrupt_image(small_folder, monkeypatch, skip):
     else:
         loader = build_loader(cfg, "val")
         assert sum(len(t) for _, t in loader) == 8 and loader.dataset.dataset.skipped.value == 1
+
+
+def test_names_in_different_unicode_forms_are_shown_by_code_point(small_folder):
+    import unicodedata
+
+    from addernet.data import check_classes
+
+    nfd, nfc = unicodedata.normalize("NFD", "café"), unicodedata.normalize("NFC", "café")
+    val = small_folder / "nfd"
+    for c in ("airplane", "automobile", "bird", nfd):
+        shutil.copytree(small_folder / "test" / "cat", val / c)
+    ds = build_dataset(compose(_folder(small_folder, f"data.val_dir={val}")).data, "val")
+    with pytest.raises(DataError, match=r"same name in different Unicode forms: 'cafe\\u0301' vs 'caf\\xe9'"):
+        check_classes(["airplane", "automobile", "bird", nfc], ds, "the training set", "rename it")
+
+
+# --- unknown keys, group choices, run dirs: one line, exit 2 ------------------------------------------------------
+
+@pytest.mark.parametrize("entry, argv, message", [
+    ("train", ["+epochs=3"], r"unknown key epochs \(did you mean trainer.epochs\?\): train.py has no such setting"),
+    ("train", ["trainer.epoch=3"], r"unknown key trainer.epoch \(did you mean trainer.epochs\?\)"),
+    ("train", ["model=resnet21"], r"model=resnet21 is not an option of model: choose one of lenet5_bn, .*resnet20"),
+    ("train", ["quant.bits=8"], r"unknown key quant.bits: train.py has no such setting"),
+    ("test", ["+result_file=r.json"], r"unknown key result_file \(did you mean results_file\?\)"),
+    ("test", ["+quant.bitz=8"], r"unknown key quant.bitz \(did you mean quant.bits\?\)"),
+    ("quantize", ["+outt=x.pt"], r"unknown key outt \(did you mean out\?\): quantize.py has no such setting"),
+    ("export_onnx", ["opsett=17"], r"unknown key opsett \(did you mean opset\?\)"),
+])
+def test_unknown_keys_and_options_are_refused_before_hydra(entry, argv, message):
+    from addernet.engine.entry_checks import precheck
+
+    error = precheck(argv, entry, run_dir=False)
+    assert error is not None and "\n" not in error
+    assert __import__("re").search(message, error), error
+
+
+def test_unknown_top_level_keys_are_refused_once_composed():
+    from addernet.engine import ConfigError, check_config
+
+    with pytest.raises(ConfigError, match=r"unknown key epochs \(did you mean trainer.epochs\?\)"):
+        check_config(compose(["data=fake", "model=lenet5_bn", "data.image_size=28", "+epochs=3"]))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: (tmp / "file").write_text("x") and str(tmp / "file" / "run"), "Not a directory"),
+    (lambda tmp: str(tmp / ("x" * 300)), "File name too long"),
+])
+def test_run_dirs_that_cannot_be_created_are_one_line(tmp_path, make, message):
+    from addernet.engine.entry_checks import precheck
+
+    error = precheck([f"hydra.run.dir={make(tmp_path)}"], "train")
+    assert error.startswith("cannot create the run dir") and message in error and "\n" not in error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv, message", [
+    (["trainer.epoch=3"], "train.py: error: unknown key trainer.epoch (did you mean trainer.epochs?)"),
+    (["model=resnet21"], "train.py: error: model=resnet21 is not an option of model: choose one of"),
+    (["+epochs=3"], "train.py: error: unknown key epochs (did you mean trainer.epochs?)"),
+])
+def test_train_py_exits_2_with_one_line_for_what_hydra_rejects(tmp_path, argv, message):
+    from helpers import run_train
+
+    r = run_train(argv + [f"hydra.run.dir={tmp_path / 'run'}"], timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().startswith(message) and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+# --- outputs never overwrite a run's files; every entry point checks the stored model like test.py -----------------
+
+FAKE = ["data=fake", "data.train_size=32", "data.val_size=8", "data.batch_size=16", "model=lenet5_bn",
+        "data.image_size=28", *FAST]
+
+
+@pytest.fixture(scope="module")
+def fake_run(tmp_path_factory):
+    from addernet.engine import train
+
+    run = tmp_path_factory.mktemp("fake_run") / "run"
+    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    return run
+
+
+def _eval_args(checkpoint, *extra):
+    return [f"checkpoint={checkpoint}", "trainer.progress=false", *extra]
+
+
+def test_results_file_never_replaces_a_checkpoint_or_a_run_file(fake_run, tmp_path):
+    from addernet.engine.eval_run import check_results_file, report
+    from addernet.engine import ConfigError
+
+    best, last = fake_run / "checkpoints" / "best.pt", fake_run / "checkpoints" / "last.pt"
+    kept = last.read_bytes()
+    with pytest.raises(ConfigError, match=r"results_file=.*best.pt is the input checkpoint itself"):
+        check_results_file(str(best), str(best))
+    for other in (last, fake_run / "metrics.jsonl", fake_run / "config.yaml"):
+        with pytest.raises(ConfigError, match=r"exists and is not a results file \(one JSON line\)"):
+            check_results_file(str(other), str(best))
+    assert last.read_bytes() == kept
+    earlier = tmp_path / "r.json"  # an earlier results file may be replaced
+    report({"top1": 1.0, "top5": 2.0, "loss": 3.0, "n": 4, "images_per_s": 5.0}, str(earlier))
+    check_results_file(str(earlier), str(best))
+
+
+def test_scripts_refuse_an_adder_checkpoint_as_its_cnn_twin(fake_run):
+    from addernet.engine import ConfigError
+    from addernet.quant.loading import load_float_model
+
+    best = fake_run / "checkpoints" / "best.pt"
+    for entry in ("export_onnx", "quantize"):
+        args = _eval_args(best, "model.layer=conv", "+out=x.onnx")
+        with pytest.raises(ConfigError, match=r"trained as a different model: model.layer=conv \(trained as "
+                                              r"model.layer=adder\)"):
+            load_float_model(compose(args, config_name=entry), args, entry=entry)
+
+
+def test_an_override_the_evaluated_dataset_ignores_is_refused(fake_run):
+    from addernet.engine import ConfigError
+    from addernet.engine.eval_run import evaluate_checkpoint
+
+    args = _eval_args(fake_run / "checkpoints" / "best.pt", "data=fake", "+data.val_dir=/somewhere/else")
+    with pytest.raises(ConfigError, match=r"data.val_dir is not a setting of data=fake .*would be ignored"):
+        evaluate_checkpoint(compose(args, config_name="test"), args[:2] + args[3:])  # data=fake: implied by test.py
+
+
+@pytest.mark.slow
+def test_quantize_out_never_replaces_a_training_checkpoint(fake_run):
+    from helpers import run_train
+
+    last = fake_run / "checkpoints" / "last.pt"
+    kept = last.read_bytes()
+    r = run_train([f"checkpoint={fake_run / 'checkpoints' / 'best.pt'}", f"out={last}", "quant.bits=8",
+                   "quant.calib_images=8", "quant.calib_batch_size=4"], script=("scripts/quantize.py",), timeout=180)
+    assert r.returncode == 2 and f"out={last} exists; it is not replaced unless you pass overwrite=true" in r.stderr
+    assert last.read_bytes() == kept
+
+
+# --- files: disk full, umask, zip bombs -------------------------------------------------------------------------------
+
+def test_disk_full_is_named_by_the_os_error(tmp_path, monkeypatch):
+    from addernet.checkpoint import CheckpointError, save_checkpoint
+    from addernet.checkpoint import io as ckpt_io
+
+    real = os.fdopen
+    monkeypatch.setattr(ckpt_io.os, "fdopen", lambda fd, mode: real(os.open("/dev/full", os.O_WRONLY), mode))
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*x.pt: no space left on device; no earlier"):
+        save_checkpoint({"w": torch.zeros(1000)}, tmp_path / "x.pt")
+    assert os.listdir(tmp_path) == []  # the temporary file is removed
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_checkpoint_files_follow_the_umask(tmp_path, mask, mode):
+    from addernet.checkpoint import save_checkpoint
+
+    old = os.umask(mask)
+    try:
+        save_checkpoint({"w": torch.zeros(2)}, tmp_path / "x.pt")
+    finally:
+        os.umask(old)
+    assert (os.stat(tmp_path / "x.pt").st_mode & 0o777) == mode
+
+
+def test_a_zip_bomb_checkpoint_is_refused_before_reading(tmp_path):
+    import zipfile
+
+    from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+
+    good = tmp_path / "good.pt"
+    save_checkpoint({"w": torch.zeros(4)}, good)
+    bomb = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(bomb, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info.filename), compress_type=zipfile.ZIP_DEFLATED)
+        dst.writestr("good/data/99", b"\0" * (64 << 20), compress_type=zipfile.ZIP_DEFLATED)  # 64 MiB of zeros
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(CheckpointError, match=r"expand to \d+ bytes of compressed entries"):
+        load_checkpoint(bomb)
+    assert torch.equal(load_checkpoint(good)["w"], torch.zeros(4))
+
+
+def test_calibration_never_ends_with_a_batch_of_one(fake_run):
+    from addernet.engine import ConfigError
+    from addernet.quant.cli import calibration_loader
+
+    args = _eval_args(fake_run / "checkpoints" / "best.pt")
+    cfg = compose(args + ["data=fake", "data.train_size=32", "data.image_size=28", "quant.calib_images=1"],
+                  config_name="test")
+    with pytest.raises(ConfigError, match=r"quant.calib_images=1 .*needs batches of at least 2 images"):
+        calibration_loader(cfg)
+    cfg = compose(args + ["data=fake", "data.train_size=32", "data.image_size=28", "quant.calib_images=9",
+                          "quant.calib_batch_size=4"], config_name="test")
+    assert [len(t) for _, t in calibration_loader(cfg)] == [4, 4]  # the 9th image would be a batch of 1

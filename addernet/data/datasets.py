@@ -9,6 +9,7 @@ CIFAR, MNIST) are compared by name (:func:`check_classes`): a renamed folder is 
 import logging
 import multiprocessing
 import os
+import unicodedata
 
 import numpy as np
 from PIL import Image
@@ -151,6 +152,12 @@ def check_classes(expected, dataset, source, fix):
     extra, missing = [c for c in found if c not in expected], [c for c in expected if c not in found]
     detail = (f"{where} has {_names(extra)} where {source} has {_names(missing)}" if extra or missing
               else "the same names in another order")
+    forms = [(a, b) for a in extra for b in missing if unicodedata.normalize("NFC", a) == unicodedata.normalize("NFC", b)]
+    if forms:  # they print alike: show the code points
+        a, b = forms[0]
+        detail += (f" ({a!r} and {b!r} are the same name in different Unicode forms: {ascii(a)} vs {ascii(b)}, e.g. "
+                   f"NFD vs NFC, as some file systems and archivers write them; rename the folder to the training "
+                   f"set's form)")
     raise DataError(f"the classes of {where} do not match {source}: {detail}. Labels are the positions of the "
                     f"sorted class names, so this would silently score the wrong classes; {fix}.")
 
