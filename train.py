@@ -12,12 +12,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from addernet.distributed import env_rank
 from addernet.engine import train
-from addernet.engine.entry_checks import precheck
+from addernet.engine.entry_checks import groups_listing, precheck
 from addernet.engine.sweep import record_failure, sweep_exit_code
 from addernet.errors import AdderNetError, Preempted
 
 # hydra.output_subdir is ${rank0_only:.hydra}: ranks > 0 write no .hydra/ folder.
 OmegaConf.register_new_resolver("rank0_only", lambda value: value if env_rank() == 0 else None, replace=True)
+OmegaConf.register_new_resolver("entry_groups", groups_listing, replace=True)  # --help: train.py's groups only
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")

@@ -267,3 +267,46 @@ def test_calibration_never_ends_with_a_batch_of_one(fake_run):
     cfg = compose(args + ["data=fake", "data.train_size=32", "data.image_size=28", "quant.calib_images=9",
                           "quant.calib_batch_size=4"], config_name="test")
     assert [len(t) for _, t in calibration_loader(cfg)] == [4, 4]  # the 9th image would be a batch of 1
+
+
+@pytest.mark.slow
+def test_a_failed_multirun_job_is_recorded_and_the_sweep_goes_on(tmp_path):
+    from helpers import run_train
+
+    sweep = tmp_path / "sweep"
+    r = run_train(["-m", *FAKE, "trainer.epochs=1", "trainer.amp=bogus,off", f"hydra.sweep.dir={sweep}"],
+                  timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "trainer.amp='bogus' is not valid" in (sweep / "0" / "error.txt").read_text()
+    assert (sweep / "0" / "error.txt").read_text().startswith("exit code 2\n")
+    failures = (sweep / "failures.log").read_text().splitlines()
+    assert len(failures) == 1 and failures[0].startswith("job 0 (") and "exit code 2" in failures[0]
+    assert len((sweep / "1" / "metrics.jsonl").read_text().splitlines()) == 1  # job 1 ran to the end
+
+
+def test_a_bare_state_dict_is_not_evaluated_as_the_other_twin(fake_run, tmp_path):
+    """No stored config: the BatchNorm running means after the body layers tell adder (all negative) from conv."""
+    from addernet.checkpoint import load_checkpoint, save_checkpoint
+    from addernet.engine import ConfigError
+    from addernet.engine.eval_run import evaluate_checkpoint
+
+    bare = tmp_path / "bare.pt"
+    save_checkpoint(load_checkpoint(fake_run / "checkpoints" / "best.pt")["model"], bare)
+    common = _eval_args(bare, "model=lenet5_bn", "data=fake", "data.val_size=8", "data.image_size=28", *FAST[1:])
+    args = common + ["model.layer=conv"]
+    with pytest.raises(ConfigError, match=r"bare.pt holds weights trained as model.layer=adder .*built with "
+                                          r"model.layer=conv"):
+        evaluate_checkpoint(compose(args, config_name="test"), args)
+    args = common + ["model.layer=adder"]
+    assert evaluate_checkpoint(compose(args, config_name="test"), args)["n"] == 8
+
+
+@pytest.mark.slow
+def test_train_py_help_lists_only_the_groups_train_py_accepts():
+    from helpers import run_train
+
+    r = run_train(["--help"], timeout=120)
+    groups = [line.split(":")[0] for line in r.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+              .splitlines() if ": " in line]
+    assert r.returncode == 0 and groups == ["adaptive_lr", "data", "experiment", "model", "optim", "sched", "task",
+                                            "trainer"]

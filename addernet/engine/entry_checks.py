@@ -83,6 +83,12 @@ def check_argv(argv, entry, configs=CONFIGS):
                           f"{_valid(groups, keys)}")
 
 
+def groups_listing(entry, configs=CONFIGS):
+    """The config groups of configs/<entry>.yaml and their options, one line each (for --help)."""
+    groups, _ = entry_layout(entry, configs)
+    return "\n".join(f"{g}: {', '.join(_options(g, configs))}" for g in sorted(groups) if _options(g, configs))
+
+
 def check_run_dir(argv):
     """ConfigError when the run dir (hydra.run.dir=..., default outputs/) cannot be created (Hydra: exit 1)."""
     given = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("hydra.run.dir=")]

@@ -9,6 +9,7 @@ import os
 import sys
 
 import torch
+import torch.nn as nn
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from tqdm import tqdm
@@ -18,6 +19,7 @@ from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, open_checkpoin
 from ..checkpoint.official import is_official, load_official
 from ..data import build_loader, check_classes, take_skipped
 from ..errors import CheckpointError, ConfigError
+from ..ops import Adder2d
 from ..quant import is_quantized_state, prepare_quantized, quantize_for_eval
 from .config import check_eval_config, check_known_keys, check_stored_model, device_type, model_from_config
 from .entry_checks import check_option_keys, check_output_path, check_top_level
@@ -117,7 +119,46 @@ def _load_model(cfg, path, state, stored, kind):
     # adder and conv twins have the same tensor names and shapes: loading alone cannot tell them apart
     check_stored_model(cfg, stored, path, ("name", "layer"),
                        "evaluate it with the model it was trained as (drop the model override)")
+    if stored is None:
+        check_bare_layer(cfg, model, path)
     return model
+
+
+def _body_norms(cfg):
+    """{body layer name: the BatchNorm that takes its output}, from the execution order of the adder twin."""
+    twin = OmegaConf.create({"model": {"name": cfg.model.name, "layer": "adder"}, "data": dict(cfg.data)})
+    order = []
+    with torch.device("meta"):
+        net = model_from_config(twin).eval()
+        hooks = [m.register_forward_hook(lambda mod, i, o, n=n: order.append((n, mod)))
+                 for n, m in net.named_modules() if isinstance(m, (Adder2d, nn.Conv2d, nn.BatchNorm2d))]
+        size = int(cfg.data.image_size)
+        net(torch.empty(2, int(cfg.data.in_channels), size, size))
+    for h in hooks:
+        h.remove()
+    return {a: b for (a, ma), (b, mb) in zip(order, order[1:])
+            if isinstance(ma, Adder2d) and isinstance(mb, nn.BatchNorm2d)}
+
+
+def check_bare_layer(cfg, model, path):
+    """ConfigError when a bare state_dict (no stored config) was trained with the other body layer.
+
+    An adder layer's output -sum|x - w| is never positive, so every channel of the BatchNorm after it has a
+    negative running mean; a convolution's outputs have means of both signs. All of them negative in a
+    model built with convolutions (or any positive one in an adder model) means the other twin.
+    """
+    norms = _body_norms(cfg)
+    state = model.state_dict()
+    means = [state[f"{bn}.running_mean"] for bn in norms.values() if f"{bn}.running_mean" in state]
+    if not means or all(float(m.abs().max()) == 0 for m in means):
+        return  # untrained statistics: nothing to tell
+    adder_like = all(float(m.max()) < 0 for m in means)
+    if adder_like != (cfg.model.layer == "adder"):
+        trained = "adder" if adder_like else "conv"
+        raise ConfigError(f"{path} holds weights trained as model.layer={trained} (the BatchNorm running means "
+                          f"after the {len(means)} body layers are {'all negative, as only adder outputs are' if adder_like else 'not all negative, which adder outputs always are'}), but the model is built with "
+                          f"model.layer={cfg.model.layer}; it would load and compute nonsense. Evaluate it with "
+                          f"model.layer={trained}.")
 
 
 def check_results_file(results_file, checkpoint=None):
