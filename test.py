@@ -41,7 +41,7 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    error = precheck(sys.argv[1:], "test", run_dir=False)  # before Hydra, whose own errors are multi-line, exit 1
+    error = precheck(sys.argv[1:] + ([IMPLIED] if IMPLIED else []), "test", run_dir=False)  # before Hydra, whose own errors are multi-line, exit 1
     if error:
         print(f"test.py: error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -102,6 +102,8 @@ def test_names_in_different_unicode_forms_are_shown_by_code_point(small_folder):
     ("test", ["+quant.bitz=8"], r"unknown key quant.bitz \(did you mean quant.bits\?\)"),
     ("quantize", ["+outt=x.pt"], r"unknown key outt \(did you mean out\?\): quantize.py has no such setting"),
     ("export_onnx", ["opsett=17"], r"unknown key opsett \(did you mean opset\?\)"),
+    ("test", ["checkpoint=x.pt", "data.val_dir=/x"], r"data.val_dir is not a setting of data=cifar10; .*Choose the "
+                                                     r"data it belongs to"),
 ])
 def test_unknown_keys_and_options_are_refused_before_hydra(entry, argv, message):
     from addernet.engine.entry_checks import precheck

@@ -60,6 +60,7 @@ def check_argv(argv, entry, configs=CONFIGS):
     except HydraException as e:
         raise ConfigError(f"cannot parse the command line: {str(e).splitlines()[0]}") from None
     groups, keys = entry_layout(entry, configs)
+    chosen = {o.key_or_group: o.value() for o in parsed if "." not in o.key_or_group and not o.is_delete()}
     for o in parsed:
         name = o.key_or_group
         head, _, rest = name.partition(".")
@@ -76,6 +77,12 @@ def check_argv(argv, entry, configs=CONFIGS):
             if head == "task":
                 continue  # a task class declares its own keys: checked once the config is composed
             check_known_keys(head, [rest.split(".")[0]], configs)
+            option = chosen.get(head, None if "experiment" in chosen else default_choice(entry, head, configs))
+            valid = option_keys(head, option, configs) if isinstance(option, str) else None
+            if valid is not None and not (o.is_add() or o.is_force_add()) and rest.split(".")[0] not in valid:
+                raise ConfigError(f"{name} is not a setting of {head}={option}; its settings: "
+                                  f"{', '.join(sorted(valid))}. Choose the {head} it belongs to as well (e.g. "
+                                  f"data=cifar10_folder data.val_dir=...).")
             continue
         if not rest and name in keys:
             continue
@@ -110,6 +117,20 @@ def precheck(argv, entry, run_dir=True):
             check_run_dir(argv)
     except ConfigError as e:
         return str(e)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def default_choice(entry, group, configs=CONFIGS):
+    """The option of ``group`` that configs/<entry>.yaml (or the config it extends) selects, or None."""
+    node = OmegaConf.to_container(OmegaConf.load(os.path.join(configs, f"{entry}.yaml")))
+    for item in node.get("defaults", []):
+        if isinstance(item, dict) and group in item:
+            return item[group]
+        if isinstance(item, str) and item != "_self_" and os.path.isfile(os.path.join(configs, f"{item}.yaml")):
+            found = default_choice(item, group, configs)
+            if found is not None:
+                return found
     return None
 
 
