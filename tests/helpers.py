@@ -182,8 +182,8 @@ class AuxHeadTask(ClassificationTask):
 class SlowStepTask(ClassificationTask):
     """Classification with slow or stalling training steps (pre-emption and stalled-rank tests).
 
-    ``task.delay``: extra seconds per step; ``task.sigterm_step``: the process sends itself SIGTERM during that
-    step (1-based, counted over the run); ``task.stall_rank`` / ``task.stall_step`` / ``task.stall_seconds``:
+    ``task.delay``: extra seconds per step; ``task.sigterm_step``: rank 0 sends itself SIGTERM during that step
+    (1-based, counted over the run); ``task.stall_rank`` / ``task.stall_step`` / ``task.stall_seconds``:
     that rank sleeps that long in that step (a hung process under torchrun).
     """
 
@@ -193,9 +193,10 @@ class SlowStepTask(ClassificationTask):
     def forward(self, images, target):
         SlowStepTask.steps += 1
         cfg = self.cfg
-        if SlowStepTask.steps == cfg.get("sigterm_step"):
+        rank = int(os.environ.get("RANK", "0"))
+        if SlowStepTask.steps == cfg.get("sigterm_step") and rank == 0:
             os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(float(cfg.get("delay", 0.0)))
-        if SlowStepTask.steps == cfg.get("stall_step") and int(os.environ.get("RANK", "0")) == cfg.get("stall_rank"):
+        if SlowStepTask.steps == cfg.get("stall_step") and rank == cfg.get("stall_rank"):
             time.sleep(float(cfg.get("stall_seconds", 0.0)))
         return super().forward(images, target)
