@@ -95,7 +95,8 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     train(compose(base + ["trainer.epochs=1"]), str(run))
     last = run / "checkpoints" / "last.pt"
     before = last.read_bytes()
-    poisoned = compose(base + ["trainer.epochs=2", "data.std=[1e-45,1e-45,1e-45]"])  # inputs overflow to inf
+    poisoned = compose(base + ["trainer.epochs=2", "data.std=[1e-45,1e-45,1e-45]",  # inputs overflow to inf
+                              "trainer.resume_override=true"])
     with pytest.raises(NonFiniteLoss, match="non-finite loss .* epoch 2 step 1.*last good state \\(epoch 1\\)"):
         train(poisoned, str(run))
     assert last.read_bytes() == before and load_checkpoint(last)["epoch"] == 1
