@@ -7,7 +7,6 @@ import logging
 import math
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
@@ -25,6 +24,12 @@ def _run(tmp_path, *extra, name="run"):
     run = tmp_path / name
     train(compose(FAKE + list(extra)), str(run))
     return run
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory):
+    """A finished one-epoch run, shared by the tests that only read its checkpoints."""
+    return _run(tmp_path_factory.mktemp("one_epoch"), "trainer.epochs=1")
 
 
 def _log(run):
@@ -158,8 +163,8 @@ def test_switching_optimizer_on_resume_is_one_line(tmp_path):
     ("optimizer", {}, r"optimizer must be an optimizer state_dict"),
     ("step", 2, r"mid-epoch checkpoint \(step > 0\) must hold one RNG state per process"),
 ])
-def test_hand_edited_checkpoint_fields_are_one_line(tmp_path, field, value, message):
-    run = _run(tmp_path, "trainer.epochs=1")
+def test_hand_edited_checkpoint_fields_are_one_line(tmp_path, one_epoch, field, value, message):
+    run = one_epoch
     edited = tmp_path / "edited.pt"
     ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
     ckpt[field] = value
@@ -171,8 +176,8 @@ def test_hand_edited_checkpoint_fields_are_one_line(tmp_path, field, value, mess
 
 @pytest.mark.parametrize("value, message", [("x", "format_version 'x', which is not a version"),
                                             (2, "format_version 2, newer than this code's 1")])
-def test_test_py_checks_format_version_like_resume(tmp_path, value, message):
-    run = _run(tmp_path, "trainer.epochs=1")
+def test_test_py_checks_format_version_like_resume(tmp_path, one_epoch, value, message):
+    run = one_epoch
     ckpt = load_checkpoint(run / "checkpoints" / "best.pt")
     ckpt["format_version"] = value
     edited = tmp_path / "edited.pt"

@@ -6,7 +6,6 @@ checkpoint (SIGTERM) additionally holds the step count and every rank's RNG stat
 fast-forwards the epoch's data stream to that step (loading, not training) and restores them.
 """
 import logging
-import os
 import random
 import signal
 import warnings
