@@ -14,7 +14,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from addernet import distributed as dist
+from addernet.engine.entry_checks import precheck
 from addernet.engine.eval_run import evaluate_checkpoint, implied_data_choice, report
+from addernet.engine.sweep import record_failure, sweep_exit_code
 from addernet.errors import AdderNetError
 
 CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
@@ -29,7 +31,8 @@ def main(cfg):
             report(result, cfg.results_file)
     except (AdderNetError, OmegaConfBaseException) as e:
         print(f"test.py: error: {e}", file=sys.stderr)
-        sys.exit(getattr(e, "exit_code", 2))
+        if not record_failure(f"test.py: error: {e}", getattr(e, "exit_code", 2)):
+            sys.exit(getattr(e, "exit_code", 2))  # a multirun records a failed job and goes on
     except KeyboardInterrupt:
         print("test.py: interrupted", file=sys.stderr)
         sys.exit(130)
@@ -38,6 +41,11 @@ def main(cfg):
 
 
 if __name__ == "__main__":
+    error = precheck(sys.argv[1:] + ([IMPLIED] if IMPLIED else []), "test", run_dir=False)  # before Hydra, whose own errors are multi-line, exit 1
+    if error:
+        print(f"test.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
     if IMPLIED:
         sys.argv.append(IMPLIED)
     main()
+    sys.exit(sweep_exit_code())

@@ -12,10 +12,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from addernet.distributed import env_rank
 from addernet.engine import train
+from addernet.engine.entry_checks import groups_listing, precheck
+from addernet.engine.sweep import record_failure, sweep_exit_code
 from addernet.errors import AdderNetError, Preempted
 
 # hydra.output_subdir is ${rank0_only:.hydra}: ranks > 0 write no .hydra/ folder.
 OmegaConf.register_new_resolver("rank0_only", lambda value: value if env_rank() == 0 else None, replace=True)
+OmegaConf.register_new_resolver("entry_groups", groups_listing, replace=True)  # --help: train.py's groups only
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
@@ -23,8 +26,10 @@ def main(cfg):
     try:
         return train(cfg, HydraConfig.get().runtime.output_dir)["best_top1"]
     except (AdderNetError, OmegaConfBaseException) as e:
-        print(f"train.py: {'' if isinstance(e, Preempted) else 'error: '}{e}", file=sys.stderr)
-        sys.exit(getattr(e, "exit_code", 2))
+        message = f"train.py: {'' if isinstance(e, Preempted) else 'error: '}{e}"
+        print(message, file=sys.stderr)
+        if isinstance(e, Preempted) or not record_failure(message, getattr(e, "exit_code", 2)):
+            sys.exit(getattr(e, "exit_code", 2))  # a multirun records a failed job and goes on
     except KeyboardInterrupt:  # a second Ctrl-C (the first one saves and exits 130 through Interrupted)
         print("train.py: interrupted twice: stopped at once without saving the current epoch; "
               "checkpoints/last.pt (if any) is intact.", file=sys.stderr)
@@ -32,4 +37,9 @@ def main(cfg):
 
 
 if __name__ == "__main__":
+    error = precheck(sys.argv[1:], "train")  # before Hydra, whose own errors are multi-line, exit 1
+    if error:
+        print(f"train.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
     main()
+    sys.exit(sweep_exit_code())

@@ -5,10 +5,13 @@ LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; :func:`init_distributed` re
 torch.distributed.init_process_group. Outside torchrun every helper degrades to the
 single-process answer, so callers never branch on "distributed or not".
 """
+import datetime
 import os
 
 import torch
 import torch.distributed as dist
+
+from .errors import PeerFailure
 
 
 def env_world_size():
@@ -21,19 +24,58 @@ def env_rank():
     return int(os.environ.get("RANK", "0"))
 
 
-def init_distributed(device_type="cpu"):
+DEFAULT_TIMEOUT_S = 600
+_flag_group = None  # the gloo group of the stop vote (StopVote); created with the process group
+
+
+def init_distributed(device_type="cpu", timeout_s=DEFAULT_TIMEOUT_S):
     """Join the torchrun process group if WORLD_SIZE > 1: NCCL for CUDA, gloo for CPU.
 
+    ``timeout_s``: how long a collective waits for a stalled rank before it fails (torch's default is
+    30 minutes of silence). A CPU (gloo) group for the stop vote is created alongside.
     Returns the device this process should use: ``cuda:LOCAL_RANK`` when device_type is "cuda",
     else the CPU. Idempotent.
     """
+    global _flag_group
     device = torch.device("cpu")
     if device_type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     if env_world_size() > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        timeout = datetime.timedelta(seconds=float(timeout_s))
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", timeout=timeout)
+        _flag_group = dist.new_group(backend="gloo", timeout=timeout)
     return device
+
+
+class StopVote:
+    """Agree across ranks on a host-side flag once per step, without a device synchronisation.
+
+    ``poll(flag)`` returns the agreement (any rank's flag) of the vote started at the previous call and
+    starts the next one: a non-blocking all-reduce of one integer over a CPU (gloo) group, so the GPU
+    stream never waits and every rank gets the same answer at the same step, one step after the flag
+    was raised. One process: ``poll`` returns the flag at once.
+    """
+
+    def __init__(self):
+        self.work = self.buf = None
+
+    def poll(self, flag):
+        if not is_distributed():
+            return bool(flag)
+        agreed = self.finish()
+        if not agreed:
+            self.buf = torch.tensor([int(bool(flag))], dtype=torch.int32)
+            self.work = dist.all_reduce(self.buf, op=dist.ReduceOp.MAX, group=_flag_group, async_op=True)
+        return agreed
+
+    def finish(self):
+        """Wait for the vote in flight (if any); its agreement."""
+        if self.work is None:
+            return False
+        self.work.wait()
+        self.work = None
+        return bool(self.buf.item())
 
 
 def is_distributed():
@@ -83,7 +125,23 @@ def broadcast_object(obj, src=0):
     return box[0]
 
 
+def peer_failure(error, timeout_s):
+    """A PeerFailure explaining ``error`` when it is a collective that timed out or broke, else None."""
+    text = str(error)
+    if not is_distributed() or not (isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and any(
+            w in text.lower() for w in ("timed out", "timeout", "gloo", "nccl", "connection closed", "peer")))):
+        return None
+    return PeerFailure(f"rank {get_rank()} of {get_world_size()}: a collective operation failed after waiting for the "
+                       f"other processes (trainer.dist_timeout={timeout_s:g} s): another rank stalled or died; its "
+                       f"own log or stderr says why (a hung data loader or file system is the usual cause). "
+                       f"checkpoints/last.pt holds the last completed save: re-run the same command to resume, or "
+                       f"raise trainer.dist_timeout if a rank legitimately works that long alone. "
+                       f"({text.strip().splitlines()[0][:200] if text.strip() else type(error).__name__})")
+
+
 def cleanup():
     """Leave the process group (call once at the end of the job)."""
+    global _flag_group
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _flag_group = None

@@ -1,7 +1,7 @@
 """Every error a user can cause or fix, under one base class that train.py and test.py catch.
 
 Each subclass carries the process exit code its entry point uses: 2 for a mistake in the command or
-its inputs, 3 for a training run that diverged, 143 for a pre-empted run (128 + SIGTERM, what
+its inputs, 3 for a training run that diverged, 4 when another torchrun process stalled or died, 143 for a pre-empted run (128 + SIGTERM, what
 schedulers expect), 130 for a run stopped by Ctrl-C (128 + SIGINT). The message always says what was wrong and what to do.
 """
 
@@ -32,6 +32,12 @@ class NonFiniteLoss(AdderNetError, RuntimeError):
     """The loss, the validation loss or the model state became NaN/inf; nothing non-finite is ever saved."""
 
     exit_code = 3
+
+
+class PeerFailure(AdderNetError, RuntimeError):
+    """Under torchrun another process stalled or died: a collective timed out (trainer.dist_timeout) or broke."""
+
+    exit_code = 4
 
 
 class Preempted(AdderNetError, RuntimeError):

@@ -20,13 +20,15 @@ from addernet.data import DataError  # noqa: E402
 from addernet.engine import ConfigError  # noqa: E402
 from addernet.quant import quantize_for_eval  # noqa: E402
 from addernet.quant.loading import load_float_model  # noqa: E402
+from addernet.engine.entry_checks import check_output_path, precheck  # noqa: E402
 from addernet.quant.onnx import export_onnx  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="export_onnx")
 def main(cfg):
     try:
-        model, cfg, path = load_float_model(cfg, HydraConfig.get().overrides.task, allow_quantized=True)
+        check_output_path(cfg.get("out"), "out", inputs=(cfg.get("checkpoint"),), overwrite=bool(cfg.overwrite))
+        model, cfg, path = load_float_model(cfg, HydraConfig.get().overrides.task, allow_quantized=True, entry="export_onnx")
         model, info = quantize_for_eval(model, cfg)
         size = int(cfg.data.image_size)
         example = torch.zeros(2, int(cfg.data.in_channels), size, size)
@@ -38,4 +40,8 @@ def main(cfg):
 
 
 if __name__ == "__main__":
+    error = precheck(sys.argv[1:], "export_onnx", run_dir=False)  # before Hydra, whose own errors are multi-line, exit 1
+    if error:
+        print(f"export_onnx.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
     main()

@@ -42,7 +42,7 @@ def main():
                  "data.num_workers=0", "data.batch_size=250", f"quant.calib_images={a.calib_images}", "quant.bits=8"]
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose("test", overrides=overrides)
-    base, cfg, _ = load_float_model(cfg, overrides)
+    base, cfg, _ = load_float_model(cfg, overrides, entry="test")
     loaders = {}
     for v in a.val:
         c = copy.deepcopy(cfg)

@@ -21,12 +21,14 @@ from addernet.data import DataError  # noqa: E402
 from addernet.engine import ConfigError  # noqa: E402
 from addernet.quant import quantize_for_eval, save_quantized  # noqa: E402
 from addernet.quant.loading import load_float_model  # noqa: E402
+from addernet.engine.entry_checks import check_output_path, precheck  # noqa: E402
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="quantize")
 def main(cfg):
     try:
-        model, cfg, path = load_float_model(cfg, HydraConfig.get().overrides.task)
+        check_output_path(cfg.get("out"), "out", inputs=(cfg.get("checkpoint"),), overwrite=bool(cfg.overwrite))
+        model, cfg, path = load_float_model(cfg, HydraConfig.get().overrides.task, entry="quantize")
         if cfg.quant.bits is None:
             raise ConfigError("give the bit width: quant.bits=8 (2..16)")
         model, info = quantize_for_eval(model, cfg)
@@ -41,4 +43,8 @@ def main(cfg):
 
 
 if __name__ == "__main__":
+    error = precheck(sys.argv[1:], "quantize", run_dir=False)  # before Hydra, whose own errors are multi-line, exit 1
+    if error:
+        print(f"quantize.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
     main()

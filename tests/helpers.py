@@ -200,3 +200,26 @@ class AuxHeadTask(ClassificationTask):
         out = super().forward(images, target)
         aux = torch.nn.functional.cross_entropy(self.extra_net("head")(out["output"]), target)
         return {"loss": out["loss"] + aux, "output": out["output"], "aux": aux.detach()}
+
+
+class SlowStepTask(ClassificationTask):
+    """Classification with slow or stalling training steps (pre-emption and stalled-rank tests).
+
+    ``task.delay``: extra seconds per step; ``task.sigterm_step``: rank 0 sends itself SIGTERM during that step
+    (1-based, counted over the run); ``task.stall_rank`` / ``task.stall_step`` / ``task.stall_seconds``:
+    that rank sleeps that long in that step (a hung process under torchrun).
+    """
+
+    config_keys = ("delay", "sigterm_step", "stall_rank", "stall_step", "stall_seconds")
+    steps = 0
+
+    def forward(self, images, target):
+        SlowStepTask.steps += 1
+        cfg = self.cfg
+        rank = int(os.environ.get("RANK", "0"))
+        if SlowStepTask.steps == cfg.get("sigterm_step") and rank == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(float(cfg.get("delay", 0.0)))
+        if SlowStepTask.steps == cfg.get("stall_step") and rank == cfg.get("stall_rank"):
+            time.sleep(float(cfg.get("stall_seconds", 0.0)))
+        return super().forward(images, target)

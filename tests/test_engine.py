@@ -146,7 +146,8 @@ def test_nan_is_still_caught_between_checks_and_nothing_is_saved(tmp_path):
     train(compose(base + ["trainer.epochs=1"]), str(tmp_path / "run"))
     before = (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes()
     with pytest.raises(errors.NonFiniteLoss, match=r"epoch 2 step 1;.*last good state \(epoch 1\)"):
-        train(compose(base + ["trainer.epochs=2", "data.std=[1e-45]"]), str(tmp_path / "run"))
+        train(compose(base + ["trainer.epochs=2", "data.std=[1e-45]", "trainer.resume_override=true"]),
+              str(tmp_path / "run"))
     assert (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes() == before
 
 

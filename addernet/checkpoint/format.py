@@ -31,16 +31,67 @@ def training_checkpoint(*, model, optimizer, scheduler, scaler, epoch, step, bes
     return ckpt
 
 
+def _is_int(v, minimum=0):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+
+
+# field -> (test, what it must be): the loop position and bookkeeping a resume trusts
+_FIELDS = {
+    "epoch": (_is_int, "an integer >= 0"),
+    "step": (_is_int, "an integer >= 0"),
+    "best_epoch": (_is_int, "an integer >= 0"),
+    "best_top1": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "world_size": (lambda v: _is_int(v, 1), "an integer >= 1"),
+    "history": (lambda v: isinstance(v, list) and all(isinstance(r, dict) for r in v), "a list of epoch records"),
+    "config": (lambda v: isinstance(v, dict), "a dict (the resolved config)"),
+    "model": (lambda v: isinstance(v, dict), "a state_dict"),
+    "optimizer": (lambda v: isinstance(v, dict) and isinstance(v.get("param_groups"), list)
+                  and isinstance(v.get("state"), dict), "an optimizer state_dict (param_groups, state)"),
+    "scheduler": (lambda v: isinstance(v, dict), "a scheduler state_dict"),
+    "scaler": (lambda v: isinstance(v, dict), "a GradScaler state_dict"),
+    "train_sums": (lambda v: isinstance(v, dict), "a dict of metric sums"),
+}
+
+
+def check_format_version(ckpt, path):
+    """CheckpointError unless ``ckpt["format_version"]`` is an integer this code reads (1 .. FORMAT_VERSION)."""
+    version = ckpt.get("format_version")
+    if not _is_int(version, 1):
+        raise CheckpointError(f"{path} has format_version {version!r}, which is not a version this repository "
+                              f"writes (an integer 1 .. {FORMAT_VERSION}); the file was edited or is not ours.")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{path} has format_version {version}, newer than this code's "
+                              f"{FORMAT_VERSION}; update the repository to read it.")
+
+
 def check_training_checkpoint(ckpt, path):
-    """Raise CheckpointError unless ``ckpt`` is a training checkpoint this code can resume."""
+    """Raise CheckpointError unless ``ckpt`` is a training checkpoint this code can resume.
+
+    Every field a resume relies on is checked for its type and its consistency (history length = epoch),
+    so a hand-edited or damaged file gives one line, not a KeyError or TypeError deep in the resume.
+    """
     missing = [k for k in TRAINING_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise CheckpointError(f"{path} is not a training checkpoint of this repo (missing {', '.join(missing)}); "
                               f"to start from weights only, use a fresh run dir without trainer.resume.")
-    if ckpt["format_version"] > FORMAT_VERSION:
-        raise CheckpointError(f"{path} has format_version {ckpt['format_version']}, newer than this code's "
-                              f"{FORMAT_VERSION}; update the repository to resume it.")
+    check_format_version(ckpt, path)
+    absent = [k for k in _FIELDS if k not in ckpt]
+    wrong = [f"{k} must be {what}, found {_short(ckpt[k])}" for k, (ok, what) in _FIELDS.items()
+             if k in ckpt and not ok(ckpt[k])]
+    if not wrong and len(ckpt["history"]) != ckpt["epoch"]:
+        wrong.append(f"history holds {len(ckpt['history'])} epoch record(s) but epoch is {ckpt['epoch']}")
+    if not wrong and ckpt["step"] and not (isinstance(ckpt.get("rng"), list) and len(ckpt["rng"]) == ckpt["world_size"]):
+        wrong.append("a mid-epoch checkpoint (step > 0) must hold one RNG state per process")
+    if absent or wrong:
+        problems = ([f"missing {', '.join(absent)}"] if absent else []) + wrong
+        raise CheckpointError(f"{path} cannot be resumed: {'; '.join(problems)}. It was edited or damaged; resume "
+                              f"from an intact copy (e.g. checkpoints/best.pt) or start a fresh run dir.")
     return ckpt
+
+
+def _short(value):
+    text = repr(value) if not isinstance(value, (dict, list)) else f"a {type(value).__name__} of {len(value)}"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def read_checkpoint(path):
@@ -58,6 +109,7 @@ def open_checkpoint(path, model_name=None):
     if is_official(ckpt):
         return ckpt, None, OFFICIAL, OFFICIAL_CLASSES.get(model_name)
     if isinstance(ckpt, dict) and is_official(ckpt.get("model")):
+        check_format_version(ckpt, path)
         stored = ckpt.get("config")
         return (ckpt["model"], stored if isinstance(stored, dict) else None, f"addernet v{ckpt.get('format_version')}",
                 ckpt.get("classes"))

@@ -6,6 +6,7 @@ half-written file under the real name. Loading uses torch.load(weights_only=True
 plain Python containers are accepted, so a checkpoint from an untrusted source cannot run code.
 """
 import errno
+import io
 import os
 import pickle
 import tempfile
@@ -19,17 +20,22 @@ from ..errors import CheckpointError
 def save_checkpoint(state, path):
     """Write ``state`` (tensors and plain containers only) to ``path`` atomically.
 
-    The parent folder is created. The data is fsync'ed before the rename so the new name never
-    points at unwritten blocks.
+    The parent folder is created. The file is serialised in memory first and then written, so a
+    failed write is the operating system's own error (e.g. "no space left on device"), not torch's
+    zip writer's. The data is fsync'ed before the rename so the new name never points at unwritten
+    blocks. The file's permissions follow the umask, like any file the user creates.
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     tmp = None
     try:
         os.makedirs(folder, exist_ok=True)
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp creates 0600
         with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
+            f.write(buffer.getbuffer())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -40,6 +46,12 @@ def save_checkpoint(state, path):
             raise _write_error(path, e) from None
         raise
     return path
+
+
+def _umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _write_error(path, e):
@@ -72,6 +84,7 @@ def load_checkpoint(path, map_location="cpu"):
         raise CheckpointError(f"{path} is not a checkpoint: it is neither a torch.save zip archive nor a legacy "
                               f"torch pickle ({os.path.getsize(path)} bytes). Check the path (a run writes "
                               f"<run dir>/checkpoints/last.pt and best.pt).")
+    _check_expansion(path)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -88,6 +101,24 @@ def load_checkpoint(path, map_location="cpu"):
             f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). If it is a run's last.pt, use best.pt "
             f"or an earlier copy; checkpoints written by this repo are atomic, so this usually means the file "
             f"was damaged after writing or copied incompletely.") from None
+
+
+def _check_expansion(path):
+    """CheckpointError for a zip checkpoint whose compressed entries expand far beyond the file (a zip bomb).
+
+    torch.save stores its entries uncompressed, so its files are never smaller than the data they hold;
+    a file that would expand to many times its size was made otherwise and is refused before it is read.
+    """
+    try:
+        with zipfile.ZipFile(path) as z:
+            expanded = sum(i.file_size for i in z.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError):
+        return  # not a readable zip (legacy format or damaged): torch.load reports it
+    size = os.path.getsize(path)
+    if expanded > 4 * size + (1 << 20):
+        raise CheckpointError(f"refusing to load {path}: its {size} bytes expand to {expanded} bytes of compressed "
+                              f"entries; torch.save never compresses, so this file was not written by torch.save "
+                              f"(a zip bomb, or a re-packed archive). Re-save it with torch.save.")
 
 
 def _looks_like_torch_file(path):
@@ -124,5 +155,18 @@ def load_weights(model, state_dict, source="checkpoint", hint=""):
         if hint:
             lines.append(hint)
         raise CheckpointError("\n".join(lines))
+    check_finite(state_dict, source)
     model.load_state_dict(state_dict)
     return model
+
+
+def check_finite(state_dict, source="checkpoint"):
+    """CheckpointError naming the tensors of ``state_dict`` that hold NaN or inf (nothing useful comes of them)."""
+    bad = [k for k, v in state_dict.items()
+           if isinstance(v, torch.Tensor) and v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise CheckpointError(f"{source} holds NaN/inf values in {len(bad)} tensor(s): {', '.join(bad[:5])}"
+                              f"{' ...' if len(bad) > 5 else ''}; a model with them gives meaningless results. Use "
+                              f"an earlier checkpoint of the run (e.g. checkpoints/best.pt); if the run diverged, "
+                              f"resume that one with a lower optim.lr (trainer.resume_override=true) or "
+                              f"trainer.amp=off.")

@@ -9,7 +9,10 @@ CIFAR, MNIST) are compared by name (:func:`check_classes`): a renamed folder is 
 import logging
 import multiprocessing
 import os
+import unicodedata
 
+import numpy as np
+from PIL import Image
 from torchvision import datasets as tvd
 
 from ..errors import DataError
@@ -31,22 +34,75 @@ class CorruptImage(DataError):
         super().__init__(message)
 
 
+# ImageFolder datasets whose images all have one native size (a crop of a larger image would keep a part of it)
+NATIVE_SIZE = {"cifar10_folder": 32, "cifar100_folder": 32}
+HIGH_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # PIL's modes of 16-bit greyscale PNG/TIFF files
+
+
+def load_rgb(path):
+    """An image file as 8-bit RGB. 16-bit greyscale files are scaled to 8 bits (PIL's convert("RGB") clips
+    every value above 255, which turns a 16-bit image all white); a decompression bomb raises (PIL's check)."""
+    with open(path, "rb") as f:
+        image = Image.open(f)
+        image.load()
+    if image.mode in HIGH_BIT_MODES:
+        values = np.asarray(image, dtype=np.int64)
+        image = Image.fromarray((values.clip(0, 65535) >> 8).astype(np.uint8), "L")
+    return image.convert("RGB")
+
+
+def _walk_once(directory, extensions):
+    """Image files under ``directory`` (symlinks followed), each folder visited once: a symlink loop or a
+    second link to a visited folder is not walked again. Sorted like torchvision's make_dataset."""
+    seen, files = set(), []
+    for root, dirs, names in os.walk(directory, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs.sort()
+        files += [os.path.join(root, n) for n in sorted(names) if n.lower().endswith(extensions)]
+    return files
+
+
 class CheckedImageFolder(tvd.ImageFolder):
     """ImageFolder that names an unreadable image and its dataset, or (``skip``) skips it and counts it.
 
     A skipped sample is None (the loader's collate drops it); ``skipped`` is a counter shared with
-    the DataLoader workers, read and reset by :func:`take_skipped`.
+    the DataLoader workers, read and reset by :func:`take_skipped`. Every image file is counted once
+    (symlinked folders and files are followed, but a file or folder reached twice is kept once), 16-bit
+    greyscale images are scaled to 8 bits, and ``native`` (an int) refuses images of another size.
     """
 
-    def __init__(self, root, transform, name, skip):
-        super().__init__(root, transform=transform)
-        self.name, self.skip, self.skipped = name, bool(skip), multiprocessing.Value("q", 0)
+    def __init__(self, root, transform, name, skip, native=None):
+        self.name, self.native = name, native
+        super().__init__(root, transform=transform, loader=load_rgb)
+        self.skip, self.skipped = bool(skip), multiprocessing.Value("q", 0)
+
+    def make_dataset(self, directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False):
+        found, best = [], {}  # every (path, label) reached; the most direct path (fewest folders) per real file
+        for cls in sorted(class_to_idx):
+            for path in _walk_once(os.path.join(directory, cls), tuple(extensions or tvd.folder.IMG_EXTENSIONS)):
+                real = os.path.realpath(path)
+                found.append((path, class_to_idx[cls]))
+                if real not in best or path.count(os.sep) < best[real].count(os.sep):
+                    best[real] = path
+        samples = [(p, t) for p, t in found if best[os.path.realpath(p)] == p]
+        twice = len(found) - len(samples)
+        if twice:
+            log.warning("%s: %d image file(s) under %s are reached twice through symlinks; each is counted once",
+                        self.name, twice, directory)
+        if not samples and not allow_empty:
+            raise FileNotFoundError(f"found no valid image file in the class folders of {directory}")
+        return samples
 
     def __getitem__(self, index):
         path, target = self.samples[index]
         try:
             image = self.loader(path)
-        except (OSError, SyntaxError, ValueError) as e:  # PIL: unidentified, truncated, broken chunks
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+            # PIL: unidentified, truncated, broken chunks, more pixels than PIL's decompression-bomb limit
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             if not self.skip:
                 raise CorruptImage(f"{self.name}: cannot read image {path} ({reason}); replace or delete it, or "
@@ -56,6 +112,11 @@ class CheckedImageFolder(tvd.ImageFolder):
                 self.skipped.value += 1
             log.warning("%s: skipped unreadable image %s (%s)", self.name, path, reason)
             return None
+        if self.native and image.size != (self.native, self.native):
+            raise DataError(f"{self.name}: image {path} is {image.size[0]}x{image.size[1]}, but this dataset's "
+                            f"images are {self.native}x{self.native}; its crop would keep only part of the image. "
+                            f"Resize the folder's images to {self.native}x{self.native}, or read it as "
+                            f"data=imagenet (resize, then crop).")
         return (self.transform(image) if self.transform is not None else image), target
 
 
@@ -91,6 +152,12 @@ def check_classes(expected, dataset, source, fix):
     extra, missing = [c for c in found if c not in expected], [c for c in expected if c not in found]
     detail = (f"{where} has {_names(extra)} where {source} has {_names(missing)}" if extra or missing
               else "the same names in another order")
+    forms = [(a, b) for a in extra for b in missing if unicodedata.normalize("NFC", a) == unicodedata.normalize("NFC", b)]
+    if forms:  # they print alike: show the code points
+        a, b = forms[0]
+        detail += (f" ({a!r} and {b!r} are the same name in different Unicode forms: {ascii(a)} vs {ascii(b)}, e.g. "
+                   f"NFD vs NFC, as some file systems and archivers write them; rename the folder to the training "
+                   f"set's form)")
     raise DataError(f"the classes of {where} do not match {source}: {detail}. Labels are the positions of the "
                     f"sorted class names, so this would silently score the wrong classes; {fix}.")
 
@@ -126,7 +193,8 @@ def _folder_dataset(data_cfg, split, transform):
                         f"<{key}>/<class>/<image>; set data.root=... (the folder holding train/ and "
                         f"{os.path.basename(str(data_cfg.val_dir))}/) or {key}=/path/to/imagefolder.")
     try:
-        ds = CheckedImageFolder(path, transform, f"{data_cfg.name} {split} set", data_cfg.get("skip_corrupt", False))
+        ds = CheckedImageFolder(path, transform, f"{data_cfg.name} {split} set", data_cfg.get("skip_corrupt", False),
+                                native=NATIVE_SIZE.get(data_cfg.name))
     except (FileNotFoundError, OSError) as e:
         raise DataError(f"{data_cfg.name}: {path} is not a usable ImageFolder tree ({e}); expected "
                         f"<class>/<image> sub-folders.") from None

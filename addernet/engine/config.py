@@ -6,6 +6,7 @@ bad value stops with one message naming the key and the fix instead of failing d
 import difflib
 import functools
 import glob
+import math
 import os
 
 import torch
@@ -18,6 +19,7 @@ from .evaluate import AMP_DTYPES
 
 TRAIN_GROUPS = ("model", "data", "optim", "sched", "trainer", "adaptive_lr", "task")
 EVAL_GROUPS = ("model", "data", "trainer")
+HYDRA_KEYS = ("hydra",)
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 
 
@@ -39,6 +41,11 @@ def check_eval_config(cfg):
         if values is not None and len(values) != int(cfg.data.in_channels):
             raise ConfigError(f"data.{key} has {len(values)} value(s) but data.in_channels={cfg.data.in_channels}; "
                               f"give one per channel, e.g. data.{key}=[{','.join(['0.5'] * int(cfg.data.in_channels))}].")
+        ok = (lambda v: v > 0) if key == "std" else (lambda v: True)
+        if values is not None and not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                          and math.isfinite(v) and ok(v) for v in values):
+            raise ConfigError(f"data.{key}={list(values)} must hold finite numbers{' > 0 (images are divided by it)' if key == 'std' else ''}"
+                              f"; e.g. data.{key}=[{','.join(['0.5'] * len(values))}].")
     choice(cfg.trainer, "amp", "trainer.amp", tuple(AMP_DTYPES))
     choice(cfg.model, "layer", "model.layer", ("adder", "conv"))
     device = str(cfg.trainer.device)
@@ -55,9 +62,19 @@ def check_config(cfg):
     _groups(cfg, TRAIN_GROUPS, "train")
     for group in TRAIN_GROUPS:
         check_known_keys(group, cfg[group].keys(), extra=_task_keys(cfg) if group == "task" else ())
+    groups, keys = entry_layout("train") if os.path.isfile(os.path.join(CONFIGS, "train.yaml")) else ((), ())
+    unknown = sorted(set(cfg.keys()) - set(TRAIN_GROUPS) - set(groups) - set(keys))
+    if unknown:  # e.g. +epochs=3, which would land at the top of config.yaml as if it had been used
+        close = [f"{g}.{unknown[0]}" for g in TRAIN_GROUPS if unknown[0] in group_keys(g)]
+        raise ConfigError(f"unknown key {unknown[0]}{f' (did you mean {close[0]}?)' if close else ''}: train.py has "
+                          f"no top-level setting of that name, so it would be silently ignored. Settings live in "
+                          f"the groups {', '.join(TRAIN_GROUPS)} (e.g. trainer.epochs=3).")
     number(cfg.trainer, "epochs", "trainer.epochs", minimum=1, integer=True)
     for key in ("seed", "log_every", "hist_every"):
         number(cfg.trainer, key, f"trainer.{key}", minimum=0 if key == "seed" else 1, integer=True)
+    number(cfg.trainer, "dist_timeout", "trainer.dist_timeout", positive=True)
+    if cfg.trainer.seed >= 2 ** 32:  # torch's and the sampler's seeds (seed + rank, seed + epoch) must fit 64 bits
+        raise ConfigError(f"trainer.seed={cfg.trainer.seed} is too large; use an integer in [0, 2**32 - 1].")
     check_eval_config(cfg)
     # BatchNorm in training mode needs 2 samples per process and batch (the loader checks the per-process share)
     number(cfg.data, "batch_size", "data.batch_size", minimum=2, integer=True)
@@ -87,6 +104,24 @@ def model_from_config(cfg):
         msg = e.args[0] if e.args else e
         raise ConfigError(f"cannot build model.name={cfg.model.name!r} (model.layer={cfg.model.layer}): {msg}. "
                           f"Pick a model with model=<name> (configs/model/).") from None
+
+
+@functools.lru_cache(maxsize=None)
+def entry_layout(entry, configs=CONFIGS):
+    """(groups, top-level keys) of configs/<entry>.yaml, following a defaults entry that names another entry."""
+    node = OmegaConf.to_container(OmegaConf.load(os.path.join(configs, f"{entry}.yaml")))
+    groups, keys = set(), {k for k in node if k not in ("defaults", *HYDRA_KEYS)}
+    for item in node.get("defaults", []):
+        if isinstance(item, str):
+            if item != "_self_" and os.path.isfile(os.path.join(configs, f"{item}.yaml")):
+                g, k = entry_layout(item, configs)
+                groups |= g
+                keys |= k
+        elif isinstance(item, dict):
+            for name in item:
+                if not str(name).startswith("override "):
+                    groups.add(str(name))
+    return frozenset(groups), frozenset(keys)
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,6 +9,7 @@ import os
 import sys
 
 import torch
+import torch.nn as nn
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from tqdm import tqdm
@@ -18,8 +19,10 @@ from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, open_checkpoin
 from ..checkpoint.official import is_official, load_official
 from ..data import build_loader, check_classes, take_skipped
 from ..errors import CheckpointError, ConfigError
+from ..ops import Adder2d
 from ..quant import is_quantized_state, prepare_quantized, quantize_for_eval
 from .config import check_eval_config, check_known_keys, check_stored_model, device_type, model_from_config
+from .entry_checks import check_option_keys, check_output_path, check_top_level
 from .evaluate import evaluate
 from .outputs import json_line
 
@@ -116,13 +119,54 @@ def _load_model(cfg, path, state, stored, kind):
     # adder and conv twins have the same tensor names and shapes: loading alone cannot tell them apart
     check_stored_model(cfg, stored, path, ("name", "layer"),
                        "evaluate it with the model it was trained as (drop the model override)")
+    if stored is None:
+        check_bare_layer(cfg, model, path)
     return model
 
 
-def check_results_file(results_file):
-    """ConfigError now, before the evaluation, when results_file= cannot be written (not after minutes of it)."""
+def _body_norms(cfg):
+    """{body layer name: the BatchNorm that takes its output}, from the execution order of the adder twin."""
+    twin = OmegaConf.create({"model": {"name": cfg.model.name, "layer": "adder"}, "data": dict(cfg.data)})
+    order = []
+    with torch.device("meta"):
+        net = model_from_config(twin).eval()
+        hooks = [m.register_forward_hook(lambda mod, i, o, n=n: order.append((n, mod)))
+                 for n, m in net.named_modules() if isinstance(m, (Adder2d, nn.Conv2d, nn.BatchNorm2d))]
+        size = int(cfg.data.image_size)
+        net(torch.empty(2, int(cfg.data.in_channels), size, size))
+    for h in hooks:
+        h.remove()
+    return {a: b for (a, ma), (b, mb) in zip(order, order[1:])
+            if isinstance(ma, Adder2d) and isinstance(mb, nn.BatchNorm2d)}
+
+
+def check_bare_layer(cfg, model, path):
+    """ConfigError when a bare state_dict (no stored config) was trained with the other body layer.
+
+    An adder layer's output -sum|x - w| is never positive, so every channel of the BatchNorm after it has a
+    negative running mean; a convolution's outputs have means of both signs. All of them negative in a
+    model built with convolutions (or any positive one in an adder model) means the other twin.
+    """
+    norms = _body_norms(cfg)
+    state = model.state_dict()
+    means = [state[f"{bn}.running_mean"] for bn in norms.values() if f"{bn}.running_mean" in state]
+    if not means or all(float(m.abs().max()) == 0 for m in means):
+        return  # untrained statistics: nothing to tell
+    adder_like = all(float(m.max()) < 0 for m in means)
+    if adder_like != (cfg.model.layer == "adder"):
+        trained = "adder" if adder_like else "conv"
+        raise ConfigError(f"{path} holds weights trained as model.layer={trained} (the BatchNorm running means "
+                          f"after the {len(means)} body layers are {'all negative, as only adder outputs are' if adder_like else 'not all negative, which adder outputs always are'}), but the model is built with "
+                          f"model.layer={cfg.model.layer}; it would load and compute nonsense. Evaluate it with "
+                          f"model.layer={trained}.")
+
+
+def check_results_file(results_file, checkpoint=None):
+    """ConfigError now, before the evaluation, when results_file= cannot be written (not after minutes of it),
+    or would replace the checkpoint or any file other than an earlier results file."""
     if not results_file:
         return
+    check_output_path(results_file, "results_file", inputs=(checkpoint,), results=True)
     path = os.path.abspath(str(results_file))
     existed = os.path.exists(path)
     try:
@@ -140,28 +184,42 @@ def _check_overrides(overrides):
     """Unknown keys given as overrides of the evaluation's groups (e.g. +data.val_dri=...), listing the valid ones."""
     for o in OverridesParser.create().parse_overrides(list(overrides)):
         group, _, key = o.key_or_group.partition(".")
-        if group in ("model", "data", "trainer") and key and not o.is_delete():
+        if group in ("model", "data", "trainer", "quant") and key and not o.is_delete():
             check_known_keys(group, [key.split(".")[0]])
+
+
+def stored_model(cfg, overrides, entry="test"):
+    """What every entry point that reads a checkpoint does first, with the same checks as test.py.
+
+    Returns (model on CPU, effective cfg, path, kind, classes): the command line's keys are checked (unknown
+    keys, keys of another option, the top level of configs/<entry>.yaml), the checkpoint is read and merged
+    with the command line, and its weights are loaded into the model it was trained as (an adder checkpoint
+    is never built as its CNN twin; NaN/inf weights are refused).
+    """
+    if OmegaConf.is_missing(cfg, "checkpoint"):
+        raise ConfigError(f"no checkpoint given: python {entry}.py checkpoint=PATH (a run's checkpoints/best.pt or "
+                          f"an official ResNet20-AdderNet.pth / ResNet50-AdderNet.pth)")
+    check_top_level(cfg, entry)
+    _check_overrides(overrides)
+    path = str(cfg.checkpoint)
+    state, stored, kind, classes = open_checkpoint(path, model_name=cfg.model.name)
+    if stored is not None:
+        cfg = effective_config(cfg, stored, overrides)
+    check_option_keys(cfg, overrides)
+    check_eval_config(cfg)
+    return _load_model(cfg, path, state, stored, kind), cfg, path, kind, classes
 
 
 def evaluate_checkpoint(cfg, overrides):
     """Evaluate cfg.checkpoint; returns the result dict (the same on every rank)."""
-    if OmegaConf.is_missing(cfg, "checkpoint"):
-        raise ConfigError("no checkpoint given: python test.py checkpoint=PATH (a run's checkpoints/best.pt or an "
-                          "official ResNet20-AdderNet.pth / ResNet50-AdderNet.pth)")
-    path = str(cfg.checkpoint)
-    _check_overrides(overrides)
-    if dist.env_rank() == 0:
-        check_results_file(cfg.get("results_file"))
-    state, stored, kind, classes = open_checkpoint(path, model_name=cfg.model.name)
-    if stored is not None:
-        cfg = effective_config(cfg, stored, overrides)
-    check_eval_config(cfg)
+    if dist.env_rank() == 0 and not OmegaConf.is_missing(cfg, "checkpoint"):
+        check_results_file(cfg.get("results_file"), cfg.checkpoint)
+    model, cfg, path, kind, classes = stored_model(cfg, overrides)
     device = dist.init_distributed(device_type(cfg))
     if str(cfg.trainer.device).startswith("cuda:") and not dist.is_distributed():
         device = torch.device(str(cfg.trainer.device))
     memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
-    model = _load_model(cfg, path, state, stored, kind).to(device=device, memory_format=memory_format)
+    model = model.to(device=device, memory_format=memory_format)
     if device.type != "cuda" and cfg.data.get("pin_memory"):
         cfg.data.pin_memory = False  # pinning needs an accelerator; avoids DataLoader's warning on CPU
     loader = build_loader(cfg.data, "val", rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)

@@ -54,7 +54,7 @@ def _train(cfg, run_dir):
     check_config(cfg)
     if cfg.trainer.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
-    device = dist.init_distributed(device_type(cfg))
+    device = dist.init_distributed(device_type(cfg), float(cfg.trainer.get("dist_timeout", dist.DEFAULT_TIMEOUT_S)))
     if str(cfg.trainer.device).startswith("cuda:") and not dist.is_distributed():
         device = torch.device(str(cfg.trainer.device))
     try:
@@ -70,6 +70,11 @@ def _train(cfg, run_dir):
             restore_logging()
             if run.lock is not None:
                 run.lock.close()  # releases the run dir
+    except Exception as e:
+        peer = dist.peer_failure(e, float(cfg.trainer.get("dist_timeout", dist.DEFAULT_TIMEOUT_S)))
+        if peer is not None:
+            raise peer from None
+        raise
     finally:
         dist.cleanup()
 
@@ -164,8 +169,8 @@ class Run:
         log.info("run dir %s | %d process(es) | device %s | amp %s", self.run_dir, self.world, self.device, self.amp)
         if self.stale:
             log.info("removed %d temporary file(s) of an interrupted write: %s", len(self.stale), ", ".join(self.stale))
+        path = self.resumed_from = resume_path(cfg, self.run_dir, self.ckpt_dir)  # refuses to overwrite a history
         self.build()
-        path = self.resumed_from = resume_path(cfg, self.ckpt_dir)
         if path:
             self.pending_rng = restore(self, path)  # refuses a different model, before the config is rewritten
         self.resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -235,7 +240,7 @@ class Run:
             self.outputs.close()
             raise self.stop.error(f"stopped by {self.stop.name} after epoch {epoch + 1}; saved "
                                   f"{os.path.join(self.ckpt_dir, 'last.pt')}. Re-run with hydra.run.dir="
-                                  f"{self.run_dir} to resume (or trainer.resume=<that file>).")
+                                  f"{self.run_dir} to resume.")
 
     def finish(self):
         s, cfg = self.state, self.cfg

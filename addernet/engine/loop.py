@@ -1,10 +1,12 @@
 """The epoch of training steps: the task computes the loss, the loop back-propagates and steps.
 
 Nothing in a step waits for the device. The loss is watched for NaN/inf on the device, and the
-host looks at it, at the SIGTERM flag (agreed across ranks) and at the running metrics only in
-``host_check``: every ``trainer.log_every`` steps and at the epoch end. A NaN therefore still stops
-the run before anything is saved, and a SIGTERM still saves a mid-epoch last.pt at the next check,
-on every rank at the same step.
+host looks at it and at the running metrics only in ``host_check``: every ``trainer.log_every``
+steps and at the epoch end, so a NaN still stops the run before anything is saved. The SIGTERM /
+Ctrl-C flag is a host-side flag, read after every step: one process stops at the next step; under
+torchrun the ranks agree on it through a non-blocking vote over a CPU group (distributed.StopVote),
+started at one step and read at the next, so every rank saves at the same step and the GPU stream
+never waits. A pre-emption therefore saves within one or two steps, whatever trainer.log_every is.
 """
 import logging
 import math
@@ -76,12 +78,11 @@ def host_check(run, watch, epoch, step, bar, seen, started):
     bar.set_postfix(loss=f"{running['loss']:.3f}", top1=f"{running['top1']:.1f}", img_s=f"{rate:.0f}", refresh=False)
     log.info("epoch %d/%d step %d/%d loss %.4f top1 %.2f img/s %.1f", epoch + 1, run.epochs, step,
              len(run.train_loader), running["loss"], running["top1"], rate)
-    if dist.any_rank(run.stop.requested, run.device):
-        preempt(run, epoch, step, bar)
 
 
-def preempt(run, epoch, step, bar):
+def preempt(run, watch, epoch, step, bar):
     """Save a mid-epoch last.pt (every rank's RNG included) and raise Preempted (Interrupted for Ctrl-C)."""
+    watch.raise_if_bad(epoch, run)  # a NaN loss since the last host check: nothing is saved
     bad = non_finite_state(run)
     if bad:
         raise NonFiniteLoss(f"{run.stop.name} at epoch {epoch + 1} step {step}, but the model state is not finite "
@@ -95,7 +96,7 @@ def preempt(run, epoch, step, bar):
     bar.close()
     run.outputs.close()
     raise run.stop.error(f"stopped by {run.stop.name} at epoch {epoch + 1} step {step}; saved {last}. Re-run with "
-                         f"hydra.run.dir={run.run_dir} to resume (or trainer.resume=<that file>).")
+                         f"hydra.run.dir={run.run_dir} to resume.")
 
 
 def _parts(out):
@@ -112,7 +113,7 @@ def train_epoch(run, epoch, start_step):
         run.pending_rng = None
     bar = tqdm(total=len(run.train_loader), initial=start_step, desc=f"epoch {epoch + 1}/{run.epochs}",
                disable=not (run.main and run.cfg.trainer.progress), dynamic_ncols=True, leave=False)
-    watch, log_every = LossWatch(run.device), int(run.cfg.trainer.log_every)
+    watch, log_every, vote = LossWatch(run.device), int(run.cfg.trainer.log_every), dist.StopVote()
     seen, started, step = 0, time.perf_counter(), start_step
     for step, (images, target) in enumerate(batches, start=start_step + 1):
         if target.shape[0] < 2:  # only after data.skip_corrupt dropped images: BatchNorm would fail
@@ -131,6 +132,9 @@ def train_epoch(run, epoch, start_step):
         bar.update(1)
         if step % log_every == 0:
             host_check(run, watch, epoch, step, bar, seen, started)
+        if vote.poll(run.stop.requested):  # a host flag: no device synchronisation
+            preempt(run, watch, epoch, step, bar)
+    vote.finish()  # the last step's vote; end_epoch agrees on the flag again before saving
     bar.close()
     watch.raise_if_bad(epoch, run)  # the epoch-end check: before validation and any save
     if run.device.type == "cuda":

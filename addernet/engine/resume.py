@@ -6,19 +6,21 @@ checkpoint (SIGTERM) additionally holds the step count and every rank's RNG stat
 fast-forwards the epoch's data stream to that step (loading, not training) and restores them.
 """
 import logging
-import os
 import random
 import signal
 import warnings
 
 import torch
 
+from omegaconf import OmegaConf
+
 from .. import distributed as dist
 from ..checkpoint import check_training_checkpoint, load_checkpoint, load_weights
 from ..data import check_classes
-from ..errors import Interrupted, Preempted
+from ..errors import CheckpointError, ConfigError, Interrupted, Preempted
 from ..optim import build_scheduler
 from .config import check_stored_model
+from .resume_policy import check_changes, choose_resume, config_changes, describe
 
 log = logging.getLogger("addernet.train")
 
@@ -75,37 +77,97 @@ def fresh_state():
     return {"epoch": 0, "step": 0, "best_top1": -1.0, "best_epoch": 0, "history": []}
 
 
-def resume_path(cfg, ckpt_dir):
-    """trainer.resume, else <run dir>/checkpoints/last.pt when present, else None (rank 0's answer)."""
-    path = cfg.trainer.resume or os.path.join(ckpt_dir, "last.pt")
-    found = cfg.trainer.resume or os.path.isfile(path)
-    return dist.broadcast_object(os.path.abspath(path) if found else None)
+def resume_path(cfg, run_dir, ckpt_dir):
+    """The checkpoint to resume from, or None (rank 0 decides, every rank gets its answer; resume_policy's rules)."""
+    answer = None
+    if dist.is_main():
+        try:
+            answer = (*choose_resume(cfg.trainer.resume, run_dir, ckpt_dir), None)
+        except ConfigError as e:
+            answer = (None, None, str(e))
+    path, note, error = dist.broadcast_object(answer)
+    if error:
+        raise ConfigError(error)
+    if note:
+        log.warning(note)
+    return path
+
+
+def _load_state(obj, state, what, path):
+    """``obj.load_state_dict(state)`` with a one-line CheckpointError instead of torch's KeyError/ValueError."""
+    try:
+        obj.load_state_dict(state)
+    except (KeyError, ValueError, TypeError, RuntimeError, IndexError, AttributeError) as e:
+        raise CheckpointError(f"{path}: its {what} state does not fit this run's {what} "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}); resume with the "
+                              f"run's own settings, or start a fresh run dir.") from None
+
+
+def _check_optimizer_kind(saved, optimizer, path):
+    """The saved param groups must have this optimizer's hyperparameters (SGD's momentum vs AdamW's betas)."""
+    groups = saved["param_groups"]
+    mine = {k for k in optimizer.param_groups[0] if k not in ("params", "initial_lr")}
+    theirs = {k for k in groups[0] if k not in ("params", "initial_lr")} if groups and isinstance(groups[0], dict) \
+        else set()
+    if len(groups) != len(optimizer.param_groups) or mine - theirs:
+        raise CheckpointError(f"{path} holds the state of another optimizer ({len(groups)} parameter group(s) "
+                              f"with {', '.join(sorted(theirs)) or 'no settings'}) than this run's "
+                              f"{type(optimizer).__name__} ({len(optimizer.param_groups)} group(s)); the optimizer "
+                              f"cannot change on resume: use the run's optim=..., or start a fresh run dir.")
 
 
 def restore(run, path):
-    """Load last.pt into the run's model, task, optimizer, scheduler, scaler and sums; returns its RNG or None."""
+    """Load last.pt into the run's model, task, optimizer, scheduler, scaler and sums; returns its RNG or None.
+
+    The run's config is compared with the checkpoint's first (resume_policy): a difference that may
+    not change is refused before anything is loaded or written.
+    """
     ckpt = check_training_checkpoint(load_checkpoint(path, map_location=run.device), path)
-    cfg, stored = run.cfg, ckpt.get("config") or {}
+    cfg, stored = run.cfg, ckpt["config"]
     fix = "resume with the run's own settings, or start a fresh run dir (hydra.run.dir=...)"
     check_stored_model(cfg, stored, path, ("name", "layer"), fix)
+    changes = config_changes(stored, OmegaConf.to_container(cfg, resolve=True))
+    override = bool(cfg.trainer.get("resume_override", False))
+    check_changes(changes, path, override)
     check_classes(ckpt.get("classes"), run.train_loader.dataset, f"{path}", fix)
     load_weights(run.model, ckpt["model"], source=path,
                  hint=f"(built from model.name={cfg.model.name} model.layer={cfg.model.layer}; resume with the "
                       f"run's own model and data settings, or start a fresh run dir)")
-    run.task.load_state_dict(ckpt.get("task", {}), source=path)
-    run.optimizer.load_state_dict(ckpt["optimizer"])
-    run.scheduler.load_state_dict(ckpt["scheduler"])
-    run.scaler.load_state_dict(ckpt["scaler"])
+    task_state = ckpt.get("task", {})
+    if not isinstance(task_state, dict):
+        raise CheckpointError(f"{path}: its task field must be a dict of state_dicts, found "
+                              f"{type(task_state).__name__}; resume from an intact copy or start a fresh run dir.")
+    run.task.load_state_dict(task_state, source=path)
+    _check_optimizer_kind(ckpt["optimizer"], run.optimizer, path)
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in run.optimizer.param_groups]
+    _load_state(run.optimizer, ckpt["optimizer"], "optimizer", path)
+    _load_state(run.scheduler, ckpt["scheduler"], "scheduler", path)
+    _load_state(run.scaler, ckpt["scaler"], "GradScaler", path)
+    _load_state(run.sums, ckpt["train_sums"], "metric sums", path)
     run.state.update({k: ckpt[k] for k in fresh_state()})
-    run.sums.load_state_dict(ckpt["train_sums"])
     step, same_world = run.state["step"], ckpt["world_size"] == run.world
     if step and not same_world:
         log.warning("mid-epoch checkpoint from %d process(es) resumed on %d: the rest of the epoch continues "
                     "at step %d of the new data split (not bit-exact)", ckpt["world_size"], run.world, step)
     log.info("resumed from %s: %d epoch(s) done%s", path, run.state["epoch"],
              f", {step} step(s) into the next" if step else "")
+    applied = changes["allowed"] + (changes["refused"] if override else [])
+    if applied:
+        log.warning("settings changed on resume, applied from here on: %s", describe(applied))
+    if changes["unrecorded"]:
+        log.info("not recorded in %s (an option newer than the checkpoint), taken as given: %s", path,
+                 ", ".join(changes["unrecorded"]))
+    changed = {k for k, _, _ in applied}
+    if any(k.startswith(("optim.", "sched.")) for k in changed):
+        for group, mine in zip(run.optimizer.param_groups, settings):
+            group.update(mine)  # optimizer.load_state_dict restored the checkpoint's lr, weight decay, ...
+    if step and "data.batch_size" in changed:
+        old = int(stored["data"]["batch_size"])
+        run.state["step"] = step * old // int(cfg.data.batch_size)
+        log.warning("data.batch_size changed from %d to %d mid-epoch: the epoch continues after the %d images it "
+                    "already trained on, at step %d", old, int(cfg.data.batch_size), step * old, run.state["step"])
     planned = stored.get("trainer", {}).get("epochs", run.epochs)
-    if planned != run.epochs:
+    if planned != run.epochs or any(k.startswith(("optim.", "sched.")) for k in changed):
         reschedule(run, planned)
     return ckpt["rng"][run.rank] if step and same_world else None
 
@@ -128,6 +190,7 @@ def reschedule(run, planned):
         warnings.simplefilter("ignore", UserWarning)
         for _ in range(run.state["epoch"]):
             run.scheduler.step()
-    log.warning("trainer.epochs changed from %d (the checkpoint's) to %d: the %s schedule is recomputed for %d "
-                "epochs and continues at epoch %d with lr %.6g", planned, run.epochs, run.cfg.sched.name, run.epochs,
-                run.state["epoch"] + 1, run.optimizer.param_groups[0]["lr"])
+    why = (f"trainer.epochs changed from {planned} (the checkpoint's) to {run.epochs}" if planned != run.epochs
+           else "optim/sched settings changed (trainer.resume_override=true)")
+    log.warning("%s: the %s schedule is recomputed for %d epochs and continues at epoch %d with lr %.6g", why,
+                run.cfg.sched.name, run.epochs, run.state["epoch"] + 1, run.optimizer.param_groups[0]["lr"])

@@ -144,14 +144,19 @@ def _backend():
 
 def adder2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """Functional adder convolution; same argument forms as torch.nn.functional.conv2d (no string
-    padding other than 'valid'). Under autocast input, weight and bias are cast to the autocast
-    dtype; float16/bfloat16 are accumulated in float32 by the fast and eager backends."""
+    padding other than 'valid').
+
+    Under autocast (bf16 or fp16) the layer runs in float32, whatever the input dtype, and returns
+    float32: its outputs are large (about 1e4 for a 3x3x64 filter) and the following BatchNorm
+    subtracts a mean of the same size, so an output rounded to bf16 (8 bits of mantissa: steps of
+    64 at 1e4) turns into noise after normalisation. A float32 output also keeps that BatchNorm in
+    float32. Outside autocast, float16/bfloat16 inputs are accumulated in float32 and returned in
+    their own dtype."""
     stride, padding, dilation = _pair(stride), padding_arg(padding), _pair(dilation)
     check_args(stride=stride, padding=padding, dilation=dilation)
     if isinstance(input, torch.Tensor) and input.device.type != "meta" and torch.is_autocast_enabled(input.device.type):
-        dt = torch.get_autocast_dtype(input.device.type)
-        input, weight = input.to(dt), weight.to(dt)
-        bias = None if bias is None else bias.to(dt)
+        input, weight = input.float(), weight.float()
+        bias = None if bias is None else bias.float()
     check_inputs(input, weight, stride, padding, dilation, groups, bias)
     y = BACKENDS[_backend()](input, weight, stride, padding, dilation, groups)
     return y if bias is None else y + bias.view(1, -1, 1, 1)

@@ -37,7 +37,13 @@ def check_optim(node):
     number(node, "optim", "lr", positive=True)
     number(node, "optim", "weight_decay")
     if name == "sgd":
-        number(node, "optim", "momentum")
+        momentum = number(node, "optim", "momentum")
+        nesterov = node.get("nesterov", False)
+        if not isinstance(nesterov, bool):
+            raise ConfigError(f"optim.nesterov must be true or false, got {nesterov!r}.")
+        if nesterov and momentum == 0:
+            raise ConfigError("optim.nesterov=true needs optim.momentum > 0 (Nesterov momentum without momentum "
+                              "is undefined); set optim.momentum=0.9 or optim.nesterov=false.")
     else:
         betas = node.get("betas")
         if betas is None or len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
@@ -54,7 +60,10 @@ def check_sched(node, epochs):
         warmup = number(node, "sched", "warmup_epochs", integer=True)
         if warmup >= epochs:
             raise ConfigError(f"sched.warmup_epochs={warmup} must be below trainer.epochs={epochs}.")
-        number(node, "sched", "warmup_start", positive=True)
+        start = number(node, "sched", "warmup_start", positive=True)
+        if start > 1:
+            raise ConfigError(f"sched.warmup_start={start} must be in (0, 1]: the warm-up starts at optim.lr * "
+                              f"sched.warmup_start and rises to optim.lr; e.g. sched.warmup_start=0.1.")
     if name in ("step", "multistep"):
         number(node, "sched", "gamma", positive=True)
     if name == "step":

@@ -35,7 +35,13 @@ def calibration_loader(cfg, augment=None):
                           f"calibrate on.")
     if not (q.calib_augment if augment is None else augment):
         dataset.transform = build_transform(cfg.data, "val")
-    n = min(int(q.calib_images), len(dataset))
+    n, batch = min(int(q.calib_images), len(dataset)), int(q.calib_batch_size)
+    if q.bn_recalib and (n == 1 or batch == 1):
+        raise ConfigError(f"quant.calib_images={q.calib_images} and quant.calib_batch_size={batch} (training split: "
+                          f"{len(dataset)} images): the BatchNorm re-estimation (quant.bn_recalib=true) needs "
+                          f"batches of at least 2 images; use at least 2 of each, or quant.bn_recalib=false.")
+    if n % batch == 1:
+        n -= 1  # a last batch of one image: BatchNorm in training mode cannot use it, so it is left out
     pick = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(int(q.seed)))[:n]
     data_cfg = OmegaConf.merge(cfg.data, {"batch_size": int(q.calib_batch_size), "pin_memory": False})
     return build_loader(data_cfg, "val", Subset(dataset, pick.tolist()))  # random order: batches mix classes

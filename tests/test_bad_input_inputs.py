@@ -1,0 +1,314 @@
+"""Inputs are what they claim (docs/reliability.md, "Images", "Unknown keys", "Outputs", "Stored models"):
+images are never silently mangled or counted twice, every key a user passes is applied or refused, outputs
+never overwrite a run's own files, and every entry point checks the stored model like test.py.
+"""
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from addernet.data import DataError, build_dataset, build_loader
+from addernet.data.datasets import load_rgb
+from helpers import compose, write_jpeg_folder
+
+FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
+
+
+def _folder(root, *extra):
+    return ["data=cifar10_folder", f"data.root={root}", "data.num_classes=4", "data.batch_size=16",
+            "model=lenet5_bn", "data.image_size=28", "trainer.epochs=1", *FAST, *extra]
+
+
+@pytest.fixture
+def small_folder(tmp_path):
+    root = tmp_path / "data"
+    write_jpeg_folder(root / "train", 3, seed=1)
+    write_jpeg_folder(root / "test", 2, seed=2)
+    return root
+
+
+# --- images ---------------------------------------------------------------------------------------------------------
+
+def test_symlink_loop_and_second_links_count_each_file_once(small_folder):
+    bird = small_folder / "test" / "bird"
+    os.symlink(bird, bird / "loop")  # a folder that contains itself
+    os.symlink(small_folder / "test" / "cat", bird / "cats")  # a second way into cat/'s files
+    ds = build_dataset(compose(_folder(small_folder)).data, "val")
+    real = [os.path.realpath(p) for p, _ in ds.samples]
+    assert len(ds) == 8 and len(set(real)) == 8  # 4 classes x 2 files, each once
+    assert sorted(t for _, t in ds.samples) == [0, 0, 1, 1, 2, 2, 3, 3]  # cat's files keep cat's label
+
+
+def test_image_of_the_wrong_size_in_a_cifar_folder_is_refused(small_folder):
+    big = small_folder / "test" / "cat" / "big.png"
+    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(big)
+    cfg = compose(_folder(small_folder)).data
+    with pytest.raises(DataError, match=rf"image {big} is 64x64, but this dataset's images are 32x32; its crop "
+                                        r"would keep only part"):
+        list(build_loader(cfg, "val"))
+
+
+def test_16_bit_png_is_scaled_to_8_bits_not_clipped_white(tmp_path):
+    ramp = (np.arange(32 * 32, dtype=np.uint16).reshape(32, 32) * 64).astype(np.uint16)  # 0 .. 65472
+    path = tmp_path / "deep.png"
+    Image.fromarray(ramp).save(path)  # a 16-bit greyscale PNG
+    assert Image.open(path).mode.startswith("I")
+    rgb = np.asarray(load_rgb(path))
+    assert rgb.shape == (32, 32, 3) and (rgb[..., 0] == (ramp >> 8)).all()  # the 8 high bits, not 255
+    assert rgb.min() == 0 and rgb.max() == 255 and len(np.unique(rgb)) == 256
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # the folder's 32x32 images
+@pytest.mark.parametrize("skip", [False, True])
+def test_decompression_bomb_is_a_corrupt_image(small_folder, monkeypatch, skip):
+    bomb = small_folder / "test" / "cat" / "bomb.png"
+    Image.fromarray(np.zeros((64, 64), np.uint8)).save(bomb)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 64x64 = 4096 > 2 x 1000: PIL's bomb error
+    cfg = compose(_folder(small_folder, f"data.skip_corrupt={str(skip).lower()}")).data
+    if not skip:
+        with pytest.raises(DataError, match=rf"cannot read image {bomb} \(Image size \(4096 pixels\) exceeds") as e:
+            list(build_loader(cfg, "val"))
+        assert "\n" not in str(e.value)
+    else:
+        loader = build_loader(cfg, "val")
+        assert sum(len(t) for _, t in loader) == 8 and loader.dataset.dataset.skipped.value == 1
+
+
+def test_names_in_different_unicode_forms_are_shown_by_code_point(small_folder):
+    import unicodedata
+
+    from addernet.data import check_classes
+
+    nfd, nfc = unicodedata.normalize("NFD", "café"), unicodedata.normalize("NFC", "café")
+    val = small_folder / "nfd"
+    for c in ("airplane", "automobile", "bird", nfd):
+        shutil.copytree(small_folder / "test" / "cat", val / c)
+    ds = build_dataset(compose(_folder(small_folder, f"data.val_dir={val}")).data, "val")
+    with pytest.raises(DataError, match=r"same name in different Unicode forms: 'cafe\\u0301' vs 'caf\\xe9'"):
+        check_classes(["airplane", "automobile", "bird", nfc], ds, "the training set", "rename it")
+
+
+# --- unknown keys, group choices, run dirs: one line, exit 2 ------------------------------------------------------
+
+@pytest.mark.parametrize("entry, argv, message", [
+    ("train", ["+epochs=3"], r"unknown key epochs \(did you mean trainer.epochs\?\): train.py has no such setting"),
+    ("train", ["trainer.epoch=3"], r"unknown key trainer.epoch \(did you mean trainer.epochs\?\)"),
+    ("train", ["model=resnet21"], r"model=resnet21 is not an option of model: choose one of lenet5_bn, .*resnet20"),
+    ("train", ["quant.bits=8"], r"unknown key quant.bits: train.py has no such setting"),
+    ("test", ["+result_file=r.json"], r"unknown key result_file \(did you mean results_file\?\)"),
+    ("test", ["+quant.bitz=8"], r"unknown key quant.bitz \(did you mean quant.bits\?\)"),
+    ("quantize", ["+outt=x.pt"], r"unknown key outt \(did you mean out\?\): quantize.py has no such setting"),
+    ("export_onnx", ["opsett=17"], r"unknown key opsett \(did you mean opset\?\)"),
+    ("test", ["checkpoint=x.pt", "data.val_dir=/x"], r"data.val_dir is not a setting of data=cifar10; .*Choose the "
+                                                     r"data it belongs to"),
+])
+def test_unknown_keys_and_options_are_refused_before_hydra(entry, argv, message):
+    from addernet.engine.entry_checks import precheck
+
+    error = precheck(argv, entry, run_dir=False)
+    assert error is not None and "\n" not in error
+    assert __import__("re").search(message, error), error
+
+
+def test_unknown_top_level_keys_are_refused_once_composed():
+    from addernet.engine import ConfigError, check_config
+
+    with pytest.raises(ConfigError, match=r"unknown key epochs \(did you mean trainer.epochs\?\)"):
+        check_config(compose(["data=fake", "model=lenet5_bn", "data.image_size=28", "+epochs=3"]))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda tmp: (tmp / "file").write_text("x") and str(tmp / "file" / "run"), "Not a directory"),
+    (lambda tmp: str(tmp / ("x" * 300)), "File name too long"),
+])
+def test_run_dirs_that_cannot_be_created_are_one_line(tmp_path, make, message):
+    from addernet.engine.entry_checks import precheck
+
+    error = precheck([f"hydra.run.dir={make(tmp_path)}"], "train")
+    assert error.startswith("cannot create the run dir") and message in error and "\n" not in error
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv, message", [
+    (["trainer.epoch=3"], "train.py: error: unknown key trainer.epoch (did you mean trainer.epochs?)"),
+    (["model=resnet21"], "train.py: error: model=resnet21 is not an option of model: choose one of"),
+    (["+epochs=3"], "train.py: error: unknown key epochs (did you mean trainer.epochs?)"),
+])
+def test_train_py_exits_2_with_one_line_for_what_hydra_rejects(tmp_path, argv, message):
+    from helpers import run_train
+
+    r = run_train(argv + [f"hydra.run.dir={tmp_path / 'run'}"], timeout=120)
+    assert r.returncode == 2 and r.stderr.strip().startswith(message) and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+# --- outputs never overwrite a run's files; every entry point checks the stored model like test.py -----------------
+
+FAKE = ["data=fake", "data.train_size=32", "data.val_size=8", "data.batch_size=16", "model=lenet5_bn",
+        "data.image_size=28", *FAST]
+
+
+@pytest.fixture(scope="module")
+def fake_run(tmp_path_factory):
+    from addernet.engine import train
+
+    run = tmp_path_factory.mktemp("fake_run") / "run"
+    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    return run
+
+
+def _eval_args(checkpoint, *extra):
+    return [f"checkpoint={checkpoint}", "trainer.progress=false", *extra]
+
+
+def test_results_file_never_replaces_a_checkpoint_or_a_run_file(fake_run, tmp_path):
+    from addernet.engine.eval_run import check_results_file, report
+    from addernet.engine import ConfigError
+
+    best, last = fake_run / "checkpoints" / "best.pt", fake_run / "checkpoints" / "last.pt"
+    kept = last.read_bytes()
+    with pytest.raises(ConfigError, match=r"results_file=.*best.pt is the input checkpoint itself"):
+        check_results_file(str(best), str(best))
+    for other in (last, fake_run / "metrics.jsonl", fake_run / "config.yaml"):
+        with pytest.raises(ConfigError, match=r"exists and is not a results file \(one JSON line\)"):
+            check_results_file(str(other), str(best))
+    assert last.read_bytes() == kept
+    earlier = tmp_path / "r.json"  # an earlier results file may be replaced
+    report({"top1": 1.0, "top5": 2.0, "loss": 3.0, "n": 4, "images_per_s": 5.0}, str(earlier))
+    check_results_file(str(earlier), str(best))
+
+
+def test_scripts_refuse_an_adder_checkpoint_as_its_cnn_twin(fake_run):
+    from addernet.engine import ConfigError
+    from addernet.quant.loading import load_float_model
+
+    best = fake_run / "checkpoints" / "best.pt"
+    for entry in ("export_onnx", "quantize"):
+        args = _eval_args(best, "model.layer=conv", "+out=x.onnx")
+        with pytest.raises(ConfigError, match=r"trained as a different model: model.layer=conv \(trained as "
+                                              r"model.layer=adder\)"):
+            load_float_model(compose(args, config_name=entry), args, entry=entry)
+
+
+def test_an_override_the_evaluated_dataset_ignores_is_refused(fake_run):
+    from addernet.engine import ConfigError
+    from addernet.engine.eval_run import evaluate_checkpoint
+
+    args = _eval_args(fake_run / "checkpoints" / "best.pt", "data=fake", "+data.val_dir=/somewhere/else")
+    with pytest.raises(ConfigError, match=r"data.val_dir is not a setting of data=fake .*would be ignored"):
+        evaluate_checkpoint(compose(args, config_name="test"), args[:2] + args[3:])  # data=fake: implied by test.py
+
+
+@pytest.mark.slow
+def test_quantize_out_never_replaces_a_training_checkpoint(fake_run):
+    from helpers import run_train
+
+    last = fake_run / "checkpoints" / "last.pt"
+    kept = last.read_bytes()
+    r = run_train([f"checkpoint={fake_run / 'checkpoints' / 'best.pt'}", f"out={last}", "quant.bits=8",
+                   "quant.calib_images=8", "quant.calib_batch_size=4"], script=("scripts/quantize.py",), timeout=180)
+    assert r.returncode == 2 and f"out={last} exists; it is not replaced unless you pass overwrite=true" in r.stderr
+    assert last.read_bytes() == kept
+
+
+# --- files: disk full, umask, zip bombs -------------------------------------------------------------------------------
+
+def test_disk_full_is_named_by_the_os_error(tmp_path, monkeypatch):
+    from addernet.checkpoint import CheckpointError, save_checkpoint
+    from addernet.checkpoint import io as ckpt_io
+
+    real = os.fdopen
+    monkeypatch.setattr(ckpt_io.os, "fdopen", lambda fd, mode: real(os.open("/dev/full", os.O_WRONLY), mode))
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*x.pt: no space left on device; no earlier"):
+        save_checkpoint({"w": torch.zeros(1000)}, tmp_path / "x.pt")
+    assert os.listdir(tmp_path) == []  # the temporary file is removed
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_checkpoint_files_follow_the_umask(tmp_path, mask, mode):
+    from addernet.checkpoint import save_checkpoint
+
+    old = os.umask(mask)
+    try:
+        save_checkpoint({"w": torch.zeros(2)}, tmp_path / "x.pt")
+    finally:
+        os.umask(old)
+    assert (os.stat(tmp_path / "x.pt").st_mode & 0o777) == mode
+
+
+def test_a_zip_bomb_checkpoint_is_refused_before_reading(tmp_path):
+    import zipfile
+
+    from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+
+    good = tmp_path / "good.pt"
+    save_checkpoint({"w": torch.zeros(4)}, good)
+    bomb = tmp_path / "bomb.pt"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(bomb, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info.filename), compress_type=zipfile.ZIP_DEFLATED)
+        dst.writestr("good/data/99", b"\0" * (64 << 20), compress_type=zipfile.ZIP_DEFLATED)  # 64 MiB of zeros
+    assert bomb.stat().st_size < 1 << 20
+    with pytest.raises(CheckpointError, match=r"expand to \d+ bytes of compressed entries"):
+        load_checkpoint(bomb)
+    assert torch.equal(load_checkpoint(good)["w"], torch.zeros(4))
+
+
+def test_calibration_never_ends_with_a_batch_of_one(fake_run):
+    from addernet.engine import ConfigError
+    from addernet.quant.cli import calibration_loader
+
+    args = _eval_args(fake_run / "checkpoints" / "best.pt")
+    cfg = compose(args + ["data=fake", "data.train_size=32", "data.image_size=28", "quant.calib_images=1"],
+                  config_name="test")
+    with pytest.raises(ConfigError, match=r"quant.calib_images=1 .*needs batches of at least 2 images"):
+        calibration_loader(cfg)
+    cfg = compose(args + ["data=fake", "data.train_size=32", "data.image_size=28", "quant.calib_images=9",
+                          "quant.calib_batch_size=4"], config_name="test")
+    assert [len(t) for _, t in calibration_loader(cfg)] == [4, 4]  # the 9th image would be a batch of 1
+
+
+@pytest.mark.slow
+def test_a_failed_multirun_job_is_recorded_and_the_sweep_goes_on(tmp_path):
+    from helpers import run_train
+
+    sweep = tmp_path / "sweep"
+    r = run_train(["-m", *FAKE, "trainer.epochs=1", "trainer.amp=bogus,off", f"hydra.sweep.dir={sweep}"],
+                  timeout=300)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "trainer.amp='bogus' is not valid" in (sweep / "0" / "error.txt").read_text()
+    assert (sweep / "0" / "error.txt").read_text().startswith("exit code 2\n")
+    failures = (sweep / "failures.log").read_text().splitlines()
+    assert len(failures) == 1 and failures[0].startswith("job 0 (") and "exit code 2" in failures[0]
+    assert len((sweep / "1" / "metrics.jsonl").read_text().splitlines()) == 1  # job 1 ran to the end
+
+
+def test_a_bare_state_dict_is_not_evaluated_as_the_other_twin(fake_run, tmp_path):
+    """No stored config: the BatchNorm running means after the body layers tell adder (all negative) from conv."""
+    from addernet.checkpoint import load_checkpoint, save_checkpoint
+    from addernet.engine import ConfigError
+    from addernet.engine.eval_run import evaluate_checkpoint
+
+    bare = tmp_path / "bare.pt"
+    save_checkpoint(load_checkpoint(fake_run / "checkpoints" / "best.pt")["model"], bare)
+    common = _eval_args(bare, "model=lenet5_bn", "data=fake", "data.val_size=8", "data.image_size=28", *FAST[1:])
+    args = common + ["model.layer=conv"]
+    with pytest.raises(ConfigError, match=r"bare.pt holds weights trained as model.layer=adder .*built with "
+                                          r"model.layer=conv"):
+        evaluate_checkpoint(compose(args, config_name="test"), args)
+    args = common + ["model.layer=adder"]
+    assert evaluate_checkpoint(compose(args, config_name="test"), args)["n"] == 8
+
+
+@pytest.mark.slow
+def test_train_py_help_lists_only_the_groups_train_py_accepts():
+    from helpers import run_train
+
+    r = run_train(["--help"], timeout=120)
+    groups = [line.split(":")[0] for line in r.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+              .splitlines() if ": " in line]
+    assert r.returncode == 0 and groups == ["adaptive_lr", "data", "experiment", "model", "optim", "sched", "task",
+                                            "trainer"]

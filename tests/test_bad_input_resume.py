@@ -1,0 +1,187 @@
+"""Resume never loses or misattributes a run's work: which checkpoint a run resumes from, which settings may
+change on resume, and checkpoints whose fields were edited or damaged (docs/reliability.md, "Resume").
+
+Tiny in-process runs: LeNet-5-BN on 28x28 FakeData, one or two epochs of a few steps.
+"""
+import logging
+import math
+
+import pytest
+from omegaconf import OmegaConf
+
+from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from addernet.engine import ConfigError, Preempted, train
+from addernet.engine import fit
+from addernet.engine.eval_run import evaluate_checkpoint
+from helpers import SigtermOn, compose, metrics_without_timing
+
+FAKE = ["data=fake", "data.train_size=32", "data.val_size=8", "data.batch_size=16", "model=lenet5_bn",
+        "data.image_size=28", "trainer.progress=false", "data.num_workers=0", "data.pin_memory=false",
+        "trainer.log_every=1", "trainer.deterministic=true"]
+
+
+def _run(tmp_path, *extra, name="run"):
+    run = tmp_path / name
+    train(compose(FAKE + list(extra)), str(run))
+    return run
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory):
+    """A finished one-epoch run, shared by the tests that only read its checkpoints."""
+    return _run(tmp_path_factory.mktemp("one_epoch"), "trainer.epochs=1")
+
+
+def _log(run):
+    return (run / "train.log").read_text()
+
+
+def test_history_without_last_pt_is_refused_and_best_pt_is_offered(tmp_path):
+    run = _run(tmp_path, "trainer.epochs=1")
+    (run / "checkpoints" / "last.pt").unlink()  # deleted, or a disk-full first save of last.pt
+    best, metrics = run / "checkpoints" / "best.pt", run / "metrics.jsonl"
+    kept = best.read_bytes(), metrics.read_text()
+    with pytest.raises(ConfigError, match=r"holds a run's history .*best.pt.*metrics.jsonl.* but no checkpoints/"
+                                          r"last.pt.*trainer.resume=.*best.pt.*fresh dir"):
+        train(compose(FAKE + ["trainer.epochs=2"]), str(run))
+    assert (best.read_bytes(), metrics.read_text()) == kept
+    # the offered choice: resume from best.pt; its history is kept and the run continues at epoch 2
+    train(compose(FAKE + ["trainer.epochs=2", f"trainer.resume={best}"]), str(run))
+    lines = metrics.read_text().splitlines()
+    assert len(lines) == 2 and lines[0] == kept[1].splitlines()[0]
+
+
+def test_metrics_alone_is_a_history_too(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"epoch": 1}\n')
+    with pytest.raises(ConfigError, match=r"metrics.jsonl\) but no checkpoints/last.pt.*delete"):
+        train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    assert (run / "metrics.jsonl").read_text() == '{"epoch": 1}\n'
+
+
+def test_the_runs_own_last_pt_wins_over_trainer_resume(tmp_path):
+    source = _run(tmp_path, "trainer.epochs=1", name="source")
+    command = FAKE + ["trainer.epochs=2", f"trainer.resume={source / 'checkpoints' / 'last.pt'}"]
+    run = tmp_path / "requeued"
+    train(compose(command), str(run))
+    first = metrics_without_timing(run / "metrics.jsonl")
+    train(compose(command), str(run))  # the same command again (a re-queued job)
+    log = _log(run)
+    assert "wins over trainer.resume" in log
+    assert f"resumed from {run / 'checkpoints' / 'last.pt'}: 2 epoch(s) done" in log
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["epoch"] == 2
+    assert metrics_without_timing(run / "metrics.jsonl") == first
+
+
+def test_changed_settings_are_refused_with_the_keys_and_config_yaml_is_kept(tmp_path):
+    run = _run(tmp_path, "trainer.epochs=1")
+    before = (run / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"other settings \(data.batch_size, optim.lr, optim.weight_decay, "
+                                          r"trainer.seed differ\).*optim.lr=0.05 \(the checkpoint's: 0.1\).*"
+                                          r"trainer.resume_override=true"):
+        train(compose(FAKE + ["trainer.epochs=2", "optim.lr=0.05", "optim.weight_decay=0", "trainer.seed=7",
+                              "data.batch_size=8"]), str(run))
+    assert (run / "config.yaml").read_text() == before
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["epoch"] == 1
+
+
+def test_settings_that_may_change_are_applied_and_logged(tmp_path):
+    run = _run(tmp_path, "trainer.epochs=1")
+    train(compose(FAKE + ["trainer.epochs=2", "trainer.log_every=3", "trainer.hist_every=5"]), str(run))
+    assert "applied from here on: trainer.epochs=2 (the checkpoint's: 1), trainer.hist_every=5" in _log(run)
+    stored = OmegaConf.load(run / "config.yaml")
+    assert (stored.trainer.log_every, stored.trainer.hist_every) == (3, 5)
+
+
+def test_resume_override_applies_the_new_optimizer_settings(tmp_path):
+    run = _run(tmp_path, "trainer.epochs=1")
+    train(compose(FAKE + ["trainer.epochs=2", "optim.lr=0.05", "optim.weight_decay=0",
+                          "trainer.resume_override=true"]), str(run))
+    records = metrics_without_timing(run / "metrics.jsonl")
+    # epoch 2 of a 2-epoch cosine run started at lr 0.05: 0.05 * (1 + cos(pi / 2)) / 2
+    assert records[1]["lr"] == pytest.approx(0.05 * (1 + math.cos(math.pi / 2)) / 2, abs=1e-12)
+    groups = load_checkpoint(run / "checkpoints" / "last.pt")["optimizer"]["param_groups"]
+    assert all(g["weight_decay"] == 0 and g["initial_lr"] == 0.05 for g in groups)
+    assert OmegaConf.load(run / "config.yaml").optim.lr == 0.05
+
+
+def test_mid_epoch_batch_size_change_continues_after_the_images_seen(tmp_path, monkeypatch):
+    args = FAKE + ["trainer.epochs=1", "data.train_size=48", "data.batch_size=8"]
+    run = tmp_path / "run"
+    trigger = SigtermOn("epoch 1/1 step 2/6")
+    logging.getLogger("addernet.train").addHandler(trigger)
+    try:
+        with pytest.raises(Preempted):
+            train(compose(args), str(run))
+    finally:
+        logging.getLogger("addernet.train").removeHandler(trigger)
+    seen = []
+    real = fit.Run.end_epoch
+    monkeypatch.setattr(fit.Run, "end_epoch", lambda self, e, r: (seen.append(self.sums.compute()["n"]),
+                                                                  real(self, e, r)))
+    train(compose(args + ["data.batch_size=16", "trainer.resume_override=true"]), str(run))
+    assert "continues after the 16 images it already trained on, at step 1" in _log(run)
+    assert seen == [48]  # every training image exactly once: 2 steps of 8, then 2 steps of 16
+
+
+def _teacher(tmp_path, name):
+    return _run(tmp_path, "trainer.epochs=1", "model.layer=conv", name=name) / "checkpoints" / "last.pt"
+
+
+def test_changing_the_kd_teacher_is_refused_even_with_override(tmp_path):
+    one, two = _teacher(tmp_path, "t1"), _teacher(tmp_path, "t2")
+    run = _run(tmp_path, "trainer.epochs=1", "task=kd", f"task.teacher={one}")
+    with pytest.raises(ConfigError, match=r"cannot be resumed with task.teacher=.*t2.*not even with "
+                                          r"trainer.resume_override"):
+        train(compose(FAKE + ["trainer.epochs=2", "task=kd", f"task.teacher={two}",
+                              "trainer.resume_override=true"]), str(run))
+
+
+def test_switching_optimizer_on_resume_is_one_line(tmp_path):
+    run = _run(tmp_path, "trainer.epochs=1")
+    with pytest.raises(ConfigError, match=r"cannot be resumed with optim.name=adamw \(the checkpoint's: sgd\)"):
+        train(compose(FAKE + ["trainer.epochs=2", "optim=adamw"]), str(run))
+    # a checkpoint whose stored config was edited to claim AdamW still holds SGD's state
+    last = run / "checkpoints" / "last.pt"
+    ckpt = load_checkpoint(last)
+    ckpt["config"]["optim"] = OmegaConf.to_container(compose(FAKE + ["optim=adamw"]).optim)
+    save_checkpoint(ckpt, last)
+    with pytest.raises(CheckpointError, match=r"holds the state of another optimizer .*momentum.* than this run's "
+                                              r"AdamW"):
+        train(compose(FAKE + ["trainer.epochs=2", "optim=adamw"]), str(run))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("format_version", "1", r"format_version '1', which is not a version"),
+    ("format_version", 99, r"format_version 99, newer than this code's 1"),
+    ("epoch", -1, r"epoch must be an integer >= 0, found -1"),
+    ("epoch", 2.0, r"epoch must be an integer >= 0, found 2.0"),
+    ("epoch", 3, r"history holds 1 epoch record\(s\) but epoch is 3"),
+    ("history", None, r"history must be a list of epoch records, found None"),
+    ("config", ["x"], r"config must be a dict \(the resolved config\), found a list of 1"),
+    ("optimizer", {}, r"optimizer must be an optimizer state_dict"),
+    ("step", 2, r"mid-epoch checkpoint \(step > 0\) must hold one RNG state per process"),
+])
+def test_hand_edited_checkpoint_fields_are_one_line(tmp_path, one_epoch, field, value, message):
+    run = one_epoch
+    edited = tmp_path / "edited.pt"
+    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
+    ckpt[field] = value
+    save_checkpoint(ckpt, edited)
+    with pytest.raises(CheckpointError, match=message) as e:
+        train(compose(FAKE + ["trainer.epochs=2", f"trainer.resume={edited}"]), str(tmp_path / "resumed"))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("value, message", [("x", "format_version 'x', which is not a version"),
+                                            (2, "format_version 2, newer than this code's 1")])
+def test_test_py_checks_format_version_like_resume(tmp_path, one_epoch, value, message):
+    run = one_epoch
+    ckpt = load_checkpoint(run / "checkpoints" / "best.pt")
+    ckpt["format_version"] = value
+    edited = tmp_path / "edited.pt"
+    save_checkpoint(ckpt, edited)
+    args = [f"checkpoint={edited}", "trainer.progress=false"]
+    with pytest.raises(CheckpointError, match=message):
+        evaluate_checkpoint(compose(args, config_name="test"), args)
