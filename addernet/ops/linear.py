@@ -4,13 +4,15 @@
 
 A linear layer is a 1x1 convolution over the flattened leading dimensions, so it runs on the adder
 convolution's kernels and backends (adder2d.py) with their gradients: dL/dW = sum g * (x - W) in full
-precision (paper Eq. 5) and dL/dx = sum g * HardTanh(W - x) (Eq. 7). The (M, in) input is viewed as M
-images of in x 1 x 1 without a copy, and nothing of size M x out x in is ever materialised.
+precision (paper Eq. 5) and dL/dx = sum g * HardTanh(W - x) (Eq. 7). The M = prod(leading dims) input rows
+are laid out as a few images of M / P pixels each (a strided view), and nothing of size M x out x in is
+ever materialised.
 """
 import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .adder2d import adder2d
 
@@ -26,9 +28,16 @@ def adder_linear(input, weight, bias=None):
     if input.shape[-1] != in_f:
         raise ValueError(f"adder_linear: input has {input.shape[-1]} features in its last dimension (shape "
                          f"{tuple(input.shape)}) but the weight expects in_features={in_f}")
-    lead = input.shape[:-1]
-    y = adder2d(input.reshape(-1, in_f, 1, 1), weight.view(out_f, in_f, 1, 1), bias)
-    return y.view(*lead, out_f)
+    lead, x = input.shape[:-1], input.reshape(-1, in_f)
+    m = x.shape[0]
+    # P images of L pixels (P = CPU threads, so the kernels' per-image split keeps every thread busy): fewer,
+    # larger images run faster than M images of one pixel; the zero rows padded to P*L get no gradient
+    p = max(1, min(torch.get_num_threads(), m))
+    l = -(-m // p)
+    if p * l != m:
+        x = F.pad(x, (0, 0, 0, p * l - m))
+    y = adder2d(x.view(p, l, in_f).transpose(1, 2).unsqueeze(-1), weight.view(out_f, in_f, 1, 1), bias)
+    return y.squeeze(-1).transpose(1, 2).reshape(p * l, out_f)[:m].view(*lead, out_f)
 
 
 class AdderLinear(nn.Module):
