@@ -31,11 +31,12 @@ def _choice(name, value, allowed):
 
 
 def projection(dim_in, dim_out, kind):
-    """AdderLinear followed by LayerNorm (kind="adder") or nn.Linear with bias (kind="linear")."""
+    """AdderLinear followed by LayerNorm (kind="adder") or nn.Linear with bias (kind="linear", followed by an
+    nn.Identity so that the weight layer has the same name, ``<proj>.0``, in both forms)."""
     _choice("proj", kind, PROJ)
     if kind == "adder":
         return nn.Sequential(AdderLinear(dim_in, dim_out), nn.LayerNorm(dim_out))
-    return nn.Linear(dim_in, dim_out)
+    return nn.Sequential(nn.Linear(dim_in, dim_out), nn.Identity())
 
 
 class AdderAttention(nn.Module):
