@@ -238,8 +238,9 @@ def test_adderized_block_equals_hand_built_reference():
     torch.manual_seed(5)
     down = nn.Sequential(nn.Conv2d(64, 128, 1, stride=2, bias=False), nn.BatchNorm2d(128))
     model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-                          torchvision.models.resnet.BasicBlock(64, 128, stride=2, downsample=down))
-    adderize(model)
+                          torchvision.models.resnet.BasicBlock(64, 128, stride=2, downsample=down),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+    assert len(adderize(model).replaced) == 3
     model = model.double().eval()
     for m in model.modules():  # non-trivial BN statistics
         if isinstance(m, nn.BatchNorm2d):
