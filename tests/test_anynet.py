@@ -18,7 +18,9 @@ from addernet.models import build_model
 from addernet.ops.reference import adder2d_reference
 from addernet.quant.convert import quantize_model
 from addernet.quant.onnx import onnx_ready
-from helpers import REPO
+from addernet.engine import model_from_config
+from addernet.tasks import build_task
+from helpers import REPO, compose
 
 BACKENDS = ["fast", "eager"]
 
@@ -311,3 +313,46 @@ def test_quantisation_and_onnx_export_name_the_unsupported_layer():
     with pytest.raises(ConfigError, match=r"quantisation does not support AdderAttention, AdderLinear layers yet"):
         quantize_model(model, None, q)
     onnx_ready(build_model("vit", "conv", **kw))  # the ordinary ViT twin has nothing unsupported
+
+
+# ---- distillation with the new models
+
+TINY_VIT = ["model=vit", "model.width=8", "model.depth=1", "model.heads=2", "data=fake", "data.image_size=16",
+            "data.train_size=16", "data.val_size=8", "data.batch_size=8", "trainer.device=cpu"]
+
+
+def _task(overrides):
+    cfg = compose(overrides)
+    torch.manual_seed(0)
+    task = build_task(model_from_config(cfg), cfg)
+    task.setup(torch.device("cpu"), "off", torch.contiguous_format)
+    return task.train(), cfg
+
+
+@pytest.mark.slow
+def test_pkkd_co_trains_the_unconverted_torchvision_network():
+    task, cfg = _task(["model=torchvision", "model.arch=resnet18", "data=fake", "data.image_size=32",
+                       "data.batch_size=8", "trainer.device=cpu", "task=pkkd"])
+    assert type(task.teacher.layer1[0].conv1) is nn.Conv2d and type(task.model.layer1[0].conv1) is Adder2d
+    assert len(task.layers) == 19  # every adderized layer has its conv twin at the same name
+    out = task(torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
+    out["loss"].backward()
+    assert task.teacher.layer1[0].conv1.weight.grad is not None and task.model.layer1[0].conv1.weight.grad is not None
+
+
+@pytest.mark.slow
+def test_pkkd_names_what_it_cannot_distil_and_kd_takes_any_teacher(tmp_path):
+    with pytest.raises(ConfigError, match="AdderLinear / adder attention, which it does not distil yet"):
+        _task(TINY_VIT + ["task=pkkd"])
+    teacher = build_model("torchvision", "conv", num_classes=10, in_channels=3, arch="resnet18")
+    torch.save(teacher.state_dict(), tmp_path / "cnn.pt")
+    task, _ = _task(TINY_VIT + ["task=kd", f"task.teacher={tmp_path / 'cnn.pt'}", "task.teacher_model=torchvision",
+                                "task.teacher_layer=conv"])
+    x = torch.randn(4, 3, 16, 16)
+    out = task(x, torch.randint(0, 10, (4,)))
+    out["loss"].backward()
+    teacher.eval()
+    with torch.no_grad():
+        want = teacher(x)
+    torch.testing.assert_close(task.teacher(x), want)  # the teacher is the saved network, frozen
+    assert any(m.weight.grad is not None for m in task.model.modules() if isinstance(m, AdderLinear))
