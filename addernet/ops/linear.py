@@ -8,8 +8,6 @@ precision (paper Eq. 5) and dL/dx = sum g * HardTanh(W - x) (Eq. 7). The M = pro
 are laid out as a few images of M / P pixels each (a strided view), and nothing of size M x out x in is
 ever materialised.
 """
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -70,8 +68,3 @@ class AdderLinear(nn.Module):
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
-
-def output_scale(in_features):
-    """The typical size of an AdderLinear output at init (inputs ~ N(0, 1), weights N(0, 1)):
-    E|x - w| = 2 / sqrt(pi) per term, so about -1.13 * in_features."""
-    return 2 / math.sqrt(math.pi) * in_features
