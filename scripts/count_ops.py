@@ -4,6 +4,8 @@
     python scripts/count_ops.py model=resnet20 model.layer=conv # its CNN twin
     python scripts/count_ops.py model=resnet50                  # ImageNet models at 224x224
     python scripts/count_ops.py model=resnet50 data=cifar10     # ... or at another dataset's input
+    python scripts/count_ops.py model=vit data=mnist            # adder ViT (AdderLinear, adder attention)
+    python scripts/count_ops.py model=torchvision model.arch=mobilenet_v2   # any adderized torchvision network
 
 The input is one image at the resolution and channel count of the `data` config, which defaults to
 the model's own dataset (CIFAR models: cifar10, lenet5_bn: mnist, ImageNet models: imagenet); counting runs
@@ -14,6 +16,7 @@ import json
 import sys
 
 import hydra
+from omegaconf import OmegaConf
 
 from addernet.analysis import count_model_ops, format_report
 from addernet.models import MODELS, NATIVE_DATA
@@ -25,14 +28,16 @@ def native_data(argv):
         return None
     names = [a.split("=", 1)[1] for a in argv if a.startswith("model=")]
     name = names[-1] if names else "resnet20"
-    return f"data={NATIVE_DATA[MODELS[name][1]][0]}" if name in MODELS else None
+    return f"data={NATIVE_DATA[MODELS[name][1]][0]}" if name in MODELS and MODELS[name][1] in NATIVE_DATA else None
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg):
     try:
+        options = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items()
+                   if k not in ("name", "layer", "image_size")}  # the input size is data.image_size
         result = count_model_ops(cfg.model.name, cfg.model.layer, cfg.data.num_classes,
-                                 cfg.data.in_channels, cfg.data.image_size)
+                                 cfg.data.in_channels, cfg.data.image_size, **options)
     except ValueError as e:
         sys.exit(f"count_ops: {e}")
     print(format_report(result))

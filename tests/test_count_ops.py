@@ -96,8 +96,8 @@ def test_paper_convention_matches_the_paper_tables(name):
 
 
 def test_count_ops_rejects_unknown_layers():
-    with pytest.raises(ValueError, match="no rule for GELU"):
-        count_ops(nn.Sequential(nn.Conv2d(3, 4, 3), nn.GELU()), (3, 8, 8))
+    with pytest.raises(ValueError, match="no rule for Softplus"):
+        count_ops(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Softplus()), (3, 8, 8))
 
 
 def test_script_prints_table_then_json(tmp_path):

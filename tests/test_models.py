@@ -32,8 +32,11 @@ def _model(name, layer):
     return build_model(name, layer=layer, num_classes=k, in_channels=c)
 
 
+ANY_NETWORK = {"torchvision", "vit"}  # tests/test_anynet.py
+
+
 def test_registry_lists_every_model():
-    assert sorted(list_models()) == sorted(SPECS)
+    assert sorted(list_models()) == sorted([*SPECS, *ANY_NETWORK])
 
 
 @pytest.mark.parametrize("name,layer", FORMS)
@@ -174,7 +177,7 @@ def test_official_resnet20_checkpoint_loads_strictly_and_reproduces_official_log
 def test_model_configs_build_through_hydra(name, data):
     from hydra import compose, initialize_config_dir
 
-    assert {p.stem for p in (ROOT / "configs" / "model").glob("*.yaml")} == set(SPECS)
+    assert {p.stem for p in (ROOT / "configs" / "model").glob("*.yaml")} == set(SPECS) | ANY_NETWORK
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "configs")):
         for layer in ("adder", "conv"):
             cfg = compose(config_name="train", overrides=[f"model={name}", f"data={data}", f"model.layer={layer}"])

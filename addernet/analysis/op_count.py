@@ -7,7 +7,12 @@ Conventions (per image, inference):
 - batch norm: folded into one scale and one shift, 1 Mul + 1 Add per element;
 - pooling: max-pool counts window-1 comparisons per output as additions; average pool counts
   window-1 additions and 1 multiplication (by 1/window) per output;
-- residual sum: 1 addition per element; ReLU, flatten: none.
+- residual sum: 1 addition per element; activations (ReLU, GELU, ...), flatten, dropout: none;
+- AdderLinear: as an adder layer with in_features per output; layer norm: 3 Mul + 4 Add per element
+  (mean, centring, square, variance sum, normalising scale, affine scale and shift);
+- attention, per head with N tokens of d channels: scores N*N*d MACs (dot) or 2*N*N*d additions (L1),
+  N*N Mul for the 1/tau scale, N*N Add + N*N Mul for the softmax's sum and division (exp not counted),
+  A V N*N*d MACs (or 2*N*N*d additions when it is an adder), N*d additions for the identity A + I.
 
 The "paper convention" figure is the convolution and fully connected layers only (BN, pooling and
 residual sums omitted), each counted as the operation it performs in the model: the AdderNet
@@ -22,13 +27,17 @@ Energy: 45 nm, 32-bit float, from M. Horowitz, "Computing's energy problem (and 
 about it)", ISSCC 2014: 3.7 pJ per multiplication, 0.9 pJ per addition.
 """
 import copy
+import inspect
 
 import torch
 import torch.nn as nn
+import torchvision.models as tvm
 
 from ..models import MODELS, build_model
 from ..models.blocks import RESIDUAL_BLOCKS
-from ..ops import Adder2d
+from ..models.attention import AdderAttention
+from ..models.vit import Block as VitBlock
+from ..ops import ADDER_MODULES, AdderLinear
 
 MUL_PJ, ADD_PJ = 3.7, 0.9
 ENERGY_SOURCE = ('M. Horowitz, "Computing\'s energy problem (and what we can do about it)", '
@@ -50,13 +59,19 @@ PARTS = {
     "batchnorm": "batch norm",
     "pooling": "pooling",
     "residual": "residual sums",
+    "layernorm": "layer norm",
+    "attention": "attention scores, softmax, A V",
 }
-_NO_OPS = (nn.ReLU, nn.Identity, nn.Flatten, nn.Dropout)
+_NO_OPS = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Identity, nn.Flatten,
+           nn.Dropout)
+# block type -> residual sums per output element (torchvision's residual blocks, the ViT block's two sums)
+_RESIDUALS = {**{b: 1 for b in RESIDUAL_BLOCKS}, tvm.resnet.BasicBlock: 1, tvm.resnet.Bottleneck: 1, VitBlock: 2,
+              tvm.mobilenetv2.InvertedResidual: lambda m: int(m.use_res_connect)}
 
 
 def _macs(m, y):
     """Multiply-accumulates of a convolution-like layer for output y (batch 1)."""
-    if isinstance(m, nn.Linear):
+    if isinstance(m, (nn.Linear, AdderLinear)):
         return y.numel() * m.in_features
     kh, kw = m.kernel_size
     return y.numel() * (m.in_channels // m.groups) * kh * kw
@@ -67,8 +82,10 @@ _POOLS = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d)
 
 def _kind(m):
     """Which part a leaf module's arithmetic belongs to: "weight", "batchnorm", "pooling" or None."""
-    if isinstance(m, (Adder2d, nn.Conv2d, nn.Linear)):
+    if isinstance(m, (*ADDER_MODULES, nn.Conv2d, nn.Linear)):
         return "weight"
+    if isinstance(m, nn.LayerNorm):
+        return "layernorm"
     if isinstance(m, nn.modules.batchnorm._BatchNorm):
         return "batchnorm"
     if isinstance(m, _POOLS):
@@ -81,8 +98,10 @@ def _kind(m):
 def _layer_ops(m, x, y):
     """(mul, add) of one call of leaf module m on input x with output y (batch 1)."""
     bias = y.numel() if getattr(m, "bias", None) is not None else 0
-    if isinstance(m, Adder2d):
+    if isinstance(m, ADDER_MODULES):
         return 0, 2 * _macs(m, y) + bias
+    if isinstance(m, nn.LayerNorm):
+        return 3 * y.numel(), 4 * y.numel()
     if isinstance(m, (nn.Conv2d, nn.Linear)):
         macs = _macs(m, y)
         return macs, macs + bias
@@ -99,6 +118,16 @@ def _layer_ops(m, x, y):
     return 0, 0
 
 
+def attention_ops(m, x):
+    """(mul, add) of one AdderAttention call on x (1, N, dim), projections excluded (they are leaf layers)."""
+    n, h, d = x.shape[1], m.heads, m.head_dim
+    nnd, nn_ = h * n * n * d, h * n * n
+    mul, add = (nnd, nnd) if m.scores == "dot" else (0, 2 * nnd)
+    mul, add = mul + 2 * nn_, add + nn_  # 1/tau, softmax sum and division
+    mul, add = (mul + nnd, add + nnd) if m.value == "product" else (mul, add + 2 * nnd)
+    return mul, add + (h * n * d if m.identity == "add" else 0)
+
+
 def _zero():
     return {"params": 0, "mul": 0, "add": 0}
 
@@ -111,13 +140,13 @@ def _finish(c):
 def count_ops(model, input_size, body=None):
     """Count parameters, multiplications and additions of `model` for one input of `input_size` (C, H, W).
 
-    `body`: names of the layers that an AdderNet replaces (its Adder2d layers; in a CNN twin, the
-    convolutions at those names); default: the model's Adder2d layers. Returns a dict with one
+    `body`: names of the layers that an AdderNet replaces (its Adder2d and AdderLinear layers; in a CNN twin,
+    the convolutions and linear layers at those names); default: the model's adder layers. Returns a dict with one
     entry per part (see PARTS) plus "total" (whole network) and "paper" (convolution and fully
     connected layers only), each {"params", "mul", "add", "energy_uj"}.
     """
     if body is None:
-        body = [n for n, m in model.named_modules() if isinstance(m, Adder2d)]
+        body = [n for n, m in model.named_modules() if isinstance(m, ADDER_MODULES)]
     body = set(body)
     meta = copy.deepcopy(model).to("meta").eval()
     parts = {p: _zero() for p in PARTS}
@@ -140,12 +169,20 @@ def count_ops(model, input_size, body=None):
             parts[part]["add"] += add
 
     def block_hook(m, inputs, y):
-        parts["residual"]["add"] += y.numel()
+        sums = _RESIDUALS[type(m)]
+        parts["residual"]["add"] += (sums(m) if callable(sums) else sums) * y.numel()
+
+    def attention_hook(m, inputs, y):
+        mul, add = attention_ops(m, inputs[0])
+        parts["attention"]["mul"] += mul
+        parts["attention"]["add"] += add
 
     handles = []
     for m in meta.modules():
-        if isinstance(m, RESIDUAL_BLOCKS):
+        if type(m) in _RESIDUALS:
             handles.append(m.register_forward_hook(block_hook))
+        if isinstance(m, AdderAttention):
+            handles.append(m.register_forward_hook(attention_hook))
         if not list(m.children()):
             handles.append(m.register_forward_hook(leaf_hook))
             params = sum(p.numel() for p in m.parameters(recurse=False))
@@ -162,17 +199,20 @@ def count_ops(model, input_size, body=None):
     return result
 
 
-def count_model_ops(name, layer="adder", num_classes=10, in_channels=None, image_size=32):
+def count_model_ops(name, layer="adder", num_classes=10, in_channels=None, image_size=32, **options):
     """count_ops for a model of the zoo, with its body layers taken from the adder form.
 
     Returns the count_ops dict plus "model", "layer", "input" and "paper_table" (the paper's
-    {"mul", "add"} for this model and form, or None when it has none at this input size).
+    {"mul", "add"} for this model and form, or None when it has none at this input size). `options`: the
+    model's own keyword arguments (build_model).
     """
     size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if "image_size" in inspect.signature(MODELS[name][0]).parameters:  # a model built for one input size (vit)
+        options = {**options, "image_size": size[0]}
     with torch.device("meta"):
-        adder = build_model(name, "adder", num_classes, in_channels)
-        model = adder if layer == "adder" else build_model(name, layer, num_classes, in_channels)
-    body = [n for n, m in adder.named_modules() if isinstance(m, Adder2d)]
+        adder = build_model(name, "adder", num_classes, in_channels, **options)
+        model = adder if layer == "adder" else build_model(name, layer, num_classes, in_channels, **options)
+    body = [n for n, m in adder.named_modules() if isinstance(m, ADDER_MODULES)]
     in_ch = in_channels or MODELS[name][2]
     paper = PAPER_OPS.get((name, layer))
     paper = paper if paper and size == (paper[2], paper[2]) else None

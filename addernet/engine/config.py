@@ -97,9 +97,10 @@ def device_type(cfg):
 def model_from_config(cfg):
     """The model of cfg.model for the dataset of cfg.data (ConfigError on a bad name or form)."""
     from ..models import build_model
+    options = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k not in ("name", "layer")}
     try:
         return build_model(cfg.model.name, layer=cfg.model.layer, num_classes=int(cfg.data.num_classes),
-                           in_channels=int(cfg.data.in_channels))
+                           in_channels=int(cfg.data.in_channels), **options)
     except (KeyError, ValueError, TypeError) as e:
         msg = e.args[0] if e.args else e
         raise ConfigError(f"cannot build model.name={cfg.model.name!r} (model.layer={cfg.model.layer}): {msg}. "

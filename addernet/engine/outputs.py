@@ -10,7 +10,7 @@ import math
 import os
 import sys
 
-from ..ops import Adder2d
+from ..ops import ADDER_MODULES
 
 RECORD_SCALARS = (("train/loss", "train_loss"), ("train/top1", "train_top1"), ("val/loss", "val_loss"),
                   ("val/top1", "val_top1"), ("val/top5", "val_top5"), ("lr", "lr"), ("images_per_s", "images_per_s"))
@@ -95,7 +95,7 @@ class RunOutputs:
             w.add_scalar(f"adaptive_lr/{name}", alpha, step)
         if histograms:
             for name, module in model.named_modules():
-                if isinstance(module, Adder2d):
+                if isinstance(module, ADDER_MODULES):
                     w.add_histogram(f"adder_weight/{name}", module.weight.detach().float().cpu(), step)
         w.flush()
         with open(self.metrics, "a") as f:

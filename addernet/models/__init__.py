@@ -1,27 +1,37 @@
-"""The paper's models, each as an AdderNet (`layer="adder"`) or its CNN twin (`layer="conv"`).
+"""The paper's models, each as an AdderNet (`layer="adder"`) or its CNN twin (`layer="conv"`), and
+any network made of adder layers: `torchvision` (any torchvision classifier, adderized) and `vit`.
 
-In both forms the first convolution and the classifier are multiplicative; every other
+In the paper's models the first convolution and the classifier are multiplicative; every other
 convolution (shortcut projections included) is the body layer chosen by `layer`, followed by BN.
 """
+from .adderize import AdderizeReport, adderize
+from .attention import AdderAttention
 from .layers import LAYERS
 from .lenet import lenet5_bn
+from .registry import MODELS, register_model
 from .resnet_cifar import resnet20, resnet32
 from .resnet_imagenet import resnet18, resnet50
+from .tv import torchvision_model
 from .vgg import vgg_small
+from .vit import vit
 
-# name -> (constructor, dataset, default input channels)
-MODELS = {
+# the paper's models: name -> (constructor, dataset, default input channels); the others register themselves
+for _name, _entry in {
     "resnet20": (resnet20, "CIFAR", 3),
     "resnet32": (resnet32, "CIFAR", 3),
     "vgg_small": (vgg_small, "CIFAR", 3),
     "lenet5_bn": (lenet5_bn, "MNIST", 1),
     "resnet18": (resnet18, "ImageNet", 3),
     "resnet50": (resnet50, "ImageNet", 3),
-}
+}.items():
+    register_model(_name, _entry[1], _entry[2])(_entry[0])
 
 
 # dataset family -> (configs/data/<name>.yaml, input side) the family's models are made for
 NATIVE_DATA = {"CIFAR": ("cifar10", 32), "MNIST": ("mnist", 28), "ImageNet": ("imagenet", 224)}
+
+
+_NO_OPTIONS = (resnet20, resnet32, vgg_small, lenet5_bn, resnet18, resnet50)
 
 
 def list_models():
@@ -29,10 +39,11 @@ def list_models():
     return list(MODELS)
 
 
-def build_model(name, layer="adder", num_classes=10, in_channels=None):
+def build_model(name, layer="adder", num_classes=10, in_channels=None, **options):
     """Build model `name` with adder (`layer="adder"`) or convolution (`layer="conv"`) body layers.
 
-    `in_channels=None` takes the model's dataset default (1 for lenet5_bn, else 3).
+    `in_channels=None` takes the model's dataset default (1 for lenet5_bn, else 3); `options` are the
+    model's own keyword arguments (configs/model/<name>.yaml keys other than name and layer).
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)} (e.g. model=resnet20)")
@@ -42,7 +53,10 @@ def build_model(name, layer="adder", num_classes=10, in_channels=None):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{arg} must be a positive integer, got {value!r}")
     fn, _, default_in = MODELS[name]
-    return fn(layer=layer, num_classes=num_classes, in_channels=in_channels or default_in)
+    if options and fn in _NO_OPTIONS:
+        raise ValueError(f"model {name!r} takes no options, got {', '.join(sorted(options))}")
+    return fn(layer=layer, num_classes=num_classes, in_channels=in_channels or default_in, **options)
 
 
-__all__ = ["MODELS", "LAYERS", "NATIVE_DATA", "build_model", "list_models"]
+__all__ = ["MODELS", "LAYERS", "NATIVE_DATA", "AdderAttention", "AdderizeReport", "adderize", "build_model",
+           "list_models", "register_model", "torchvision_model", "vit"]

@@ -12,18 +12,19 @@ import numbers
 import torch
 import torch.nn as nn
 
-from ..ops import Adder2d
+from ..ops import ADDER_MODULES
 
 _EPS = 1e-12  # the official code's clamp on the norm: keeps a zero gradient zero
 
 
 class AdaptiveLR:
-    """Normalises every Adder2d weight gradient to norm eta * sqrt(k) right before the step.
+    """Normalises every Adder2d and AdderLinear weight gradient to norm eta * sqrt(k) right before the step.
 
     Usage: ``AdaptiveLR(model, eta).attach(optimizer)`` once, or call ``.apply()`` yourself
     between backward and step. With a GradScaler the hook runs after ``unscale_`` and not at all
     on a skipped (inf/nan) step; fused optimizers, which get scaled gradients and skip inside
-    step(), are handled through ``optimizer.grad_scale``. Only ``Adder2d.weight`` is touched.
+    step(), are handled through ``optimizer.grad_scale``. Only the weights of ``Adder2d`` and
+    ``AdderLinear`` are touched.
     """
 
     def __init__(self, model, eta=0.2):
@@ -43,7 +44,7 @@ class AdaptiveLR:
                 break
         self._layers, seen = [], set()  # (name, weight); a weight shared by two modules counts once
         for name, module in model.named_modules():
-            if isinstance(module, Adder2d) and id(module.weight) not in seen:
+            if isinstance(module, ADDER_MODULES) and id(module.weight) not in seen:
                 seen.add(id(module.weight))
                 self._layers.append((name, module.weight))
         self._handles = []

@@ -9,6 +9,7 @@ Everything else (stem convolution, classifier, BatchNorm, pooling) stays float, 
 import torch
 
 from ..engine import ConfigError
+from ..models.adderize import check_supported
 from ..ops import Adder2d
 from .calibration import activation_ranges, recalibrate_bn
 from .grouping import METHODS, group_filters
@@ -69,6 +70,7 @@ def quantize_model(model, loader, cfg, bn_loader=None):
     """Quantise every Adder2d of `model` in place (returned) with the quant config `cfg`: activation ranges
     from `loader`, BatchNorm re-estimated (quant.bn_recalib) over `bn_loader` (default: `loader`)."""
     check_quant_config(cfg)
+    check_supported(model, "quantisation")
     layers = adder_layers(model)
     if not layers:
         raise ConfigError(f"{type(model).__name__} has no adder layers to quantise (model.layer=conv?); "

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..models.adderize import check_supported
 from ..ops import Adder2d
 from .convert import replace_module
 from .qadder import QAdder2d
@@ -94,6 +95,7 @@ class OnnxQAdder2d(nn.Module):
 
 def onnx_ready(model):
     """A copy of `model` with every Adder2d / QAdder2d replaced by its standard-op twin."""
+    check_supported(model, "ONNX export")
     model = copy.deepcopy(model).float().eval()
     for name, m in list(model.named_modules()):
         if isinstance(m, Adder2d):

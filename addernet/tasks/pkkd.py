@@ -29,7 +29,7 @@ from .. import distributed as dist
 from ..checks import choice, number
 from ..engine.config import model_from_config
 from ..errors import ConfigError
-from ..ops import Adder2d
+from ..ops import ADDER_MODULES, Adder2d
 from .base import TrainingTask
 from .kd import batch_top1, check_teacher_path, check_temperature, kd_term
 from .kernels import conv_sq_distance, full, gaussian_kernel, laplacian_kernel
@@ -102,6 +102,10 @@ def select_layers(order, which):
 def twin_layers(student, teacher, model_name):
     """Names of the student's adder layers, each checked to be an nn.Conv2d of the same shape in the teacher."""
     adders = [(n, m) for n, m in student.named_modules() if isinstance(m, Adder2d)]
+    if not adders and any(isinstance(m, ADDER_MODULES) for m in student.modules()):
+        raise ConfigError(f"task=pkkd matches Adder2d layers with their conv twins, but the adder layers of "
+                          f"model={model_name} are AdderLinear / adder attention, which it does not distil yet; use "
+                          f"task=kd with the twin as teacher.")
     if not adders:
         raise ConfigError(f"task=pkkd needs an AdderNet student but model={model_name} has no adder layers; use "
                           f"model.layer=adder (task=kd distils into a CNN).")

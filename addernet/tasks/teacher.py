@@ -68,7 +68,10 @@ def load_teacher(cfg, full_cfg, default_layer=None):
             raise ConfigError(f"task.teacher={path} is a bare state_dict with no stored config; say which network it "
                               f"is with task.teacher_layer=conv|adder (and task.teacher_model=<name> if it is not "
                               f"the student's model).")
-        tcfg = OmegaConf.create({"model": {"name": cfg.get("teacher_model") or full_cfg.model.name, "layer": layer},
+        name = cfg.get("teacher_model") or full_cfg.model.name
+        # the student's own model options (model.arch, model.width, ...) when the teacher is the same model
+        model = OmegaConf.to_container(full_cfg.model, resolve=True) if name == full_cfg.model.name else {}
+        tcfg = OmegaConf.create({"model": {**model, "name": name, "layer": layer},
                                  "data": OmegaConf.to_container(full_cfg.data, resolve=True)})
     teacher = model_from_config(tcfg)
     hint = (f"(the teacher was built as model={tcfg.model.name} model.layer={tcfg.model.layer} with data.num_classes="

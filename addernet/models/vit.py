@@ -1,0 +1,81 @@
+"""A small vision transformer (``model=vit``): adder form (AdderLinear and adder attention) and its twin.
+
+    patches: Conv2d(in, width, patch_size, stride=patch_size) + learned position embedding   (multiplicative stem)
+    depth x  x = x + Attention(LN(x));  x = x + MLP(LN(x))                                     (pre-norm blocks)
+    head:    LN, mean over the tokens, nn.Linear(width, num_classes)                           (multiplicative classifier)
+
+layer="adder": AdderAttention with the given switches (attention.py) and an MLP of AdderLinear layers, each
+followed by a LayerNorm (mlp="linear" keeps the MLP multiplicative). layer="conv": the ordinary ViT with the
+same sizes (dot-product attention, nn.Linear projections and MLP, no identity, no extra norms); the
+attention switches are then ignored. Patch and classifier stay multiplicative in both, as the paper keeps the
+first convolution and the classifier of its CNNs. Sizes and the choices that are ours: docs/any_network.md.
+"""
+import torch
+import torch.nn as nn
+
+from .attention import AdderAttention, projection
+from .registry import register_model
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block; two residual sums."""
+
+    def __init__(self, width, heads, mlp_ratio, attention, mlp):
+        super().__init__()
+        hidden = int(width * mlp_ratio)
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attn = AdderAttention(width, heads, **attention)
+        self.mlp = nn.Sequential(projection(width, hidden, mlp), nn.GELU(), projection(hidden, width, mlp))
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class ViT(nn.Module):
+    def __init__(self, num_classes, in_channels, image_size, patch_size, width, depth, heads, mlp_ratio,
+                 attention, mlp):
+        super().__init__()
+        self.patch = nn.Conv2d(in_channels, width, patch_size, stride=patch_size)
+        self.pos = nn.Parameter(torch.zeros(1, (image_size // patch_size) ** 2, width))
+        nn.init.trunc_normal_(self.pos, std=0.02)
+        self.blocks = nn.Sequential(*(Block(width, heads, mlp_ratio, attention, mlp) for _ in range(depth)))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)  # B, N, width
+        if x.shape[1] != self.pos.shape[1]:
+            raise ValueError(f"vit was built for {self.pos.shape[1]} patches (model.image_size) but the input gives "
+                             f"{x.shape[1]}; set model.image_size to the data's image size")
+        x = self.blocks(x + self.pos)
+        return self.head(self.norm(x).mean(1))
+
+
+def _positive(name, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"model.{name} must be a positive integer, got {v!r}")
+
+
+@register_model("vit")
+def vit(layer="adder", num_classes=10, in_channels=3, image_size=32, patch_size=4, width=64, depth=4, heads=4,
+        mlp_ratio=2.0, scores="l1", tau=None, identity="add", value="product", key_grad="hardtanh", proj="adder",
+        mlp="adder"):
+    """The ViT of this module; see the module docstring for what `layer` and the switches select."""
+    for name, v in (("image_size", image_size), ("patch_size", patch_size), ("width", width), ("depth", depth),
+                    ("heads", heads)):
+        _positive(name, v)
+    if image_size % patch_size:
+        raise ValueError(f"model.patch_size={patch_size} must divide the image size {image_size} "
+                         "(e.g. patch_size=4 or 7 for 28x28, 4 or 8 for 32x32)")
+    if width % heads:
+        raise ValueError(f"model.heads={heads} must divide model.width={width}")
+    if not mlp_ratio > 0:
+        raise ValueError(f"model.mlp_ratio must be > 0, got {mlp_ratio!r}")
+    if layer == "adder":
+        attention = dict(scores=scores, tau=tau, identity=identity, value=value, key_grad=key_grad, proj=proj)
+    elif layer == "conv":
+        attention, mlp = dict(scores="dot", identity="none", value="product", proj="linear"), "linear"
+    else:
+        raise ValueError(f"unknown layer {layer!r}: use model.layer=adder or model.layer=conv")
+    return ViT(num_classes, in_channels, image_size, patch_size, width, depth, heads, float(mlp_ratio), attention, mlp)
