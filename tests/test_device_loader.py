@@ -200,7 +200,7 @@ def test_mixed_image_sizes_are_refused(tmp_path):
     write_jpeg_folder(tmp_path / "train", 2, classes=["a"], size=32)
     write_jpeg_folder(tmp_path / "train", 2, classes=["b"], size=24)
     cfg = _cfg("data=cifar10_folder", f"data.root={tmp_path}", "data.num_classes=2", "data.on_device=true")
-    with pytest.raises(DataError, match="images of one size"):
+    with pytest.raises(DataError, match="is 24x24, but this dataset.s images are 32x32"):
         build_loader(cfg, "train")
 
 
