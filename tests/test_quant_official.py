@@ -135,12 +135,12 @@ def test_onnx_export_of_the_quantised_checkpoint(quantized_checkpoint, tmp_path)
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     from addernet.models import build_model
-    from addernet.quant import QAdder2d, load_quantized
+    from addernet.quant import QAdder2d, load_quantized_into
 
     path, _ = quantized_checkpoint
     out = tmp_path / "resnet20_q8.onnx"
     _json(_run("scripts/export_onnx.py", [f"checkpoint={path}", f"out={out}"]))
-    model, _ = load_quantized(build_model("resnet20").eval(), path)
+    model, _ = load_quantized_into(build_model("resnet20").eval(), path)
     x = _sample(5)
     with torch.no_grad():
         want = model(x).numpy()

@@ -260,7 +260,8 @@ class IntegerResNet(nn.Module):
     # ---- forward -----------------------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def forward(self, x):
+    def features(self, x):
+        """The last block's output (N, C, H, W), float32 in channels-last memory: stem, then the integer region."""
         if x.device.type != "cpu":
             raise RuntimeError(f"IntegerResNet runs on CPU; got a tensor on {x.device.type}")
         h = self.conv1(x.float().contiguous(memory_format=torch.channels_last))
@@ -268,5 +269,8 @@ class IntegerResNet(nn.Module):
         ops, offsets, ws_bytes, rows_off, (ho, wo, co), _ = self._program(h.shape[1], h.shape[2])
         out = torch.empty(h.shape[0], ho, wo, co)
         int_cpu.run_network(ops, self.lane, h, out, offsets, ws_bytes, rows_off)
-        y = self.avgpool(out.permute(0, 3, 1, 2))
-        return self.bn2(self.fc(y)).flatten(1)
+        return out.permute(0, 3, 1, 2)
+
+    @torch.no_grad()
+    def forward(self, x):
+        return self.bn2(self.fc(self.avgpool(self.features(x)))).flatten(1)

@@ -221,6 +221,7 @@ int adder_int_filter_tile(void) { return OT; }
 #define OP_ADDER 0
 #define OP_ENTRY 1
 #define MAXQ 8
+#define MAXBUF 256 /* buffers per image */
 _Static_assert(OT == 4, "the vector epilogue writes 4 channels");
 typedef struct {
     int64_t kind, C, H, W, O, kh, kw, sh, sw, ph, pw, Ho, Wo, Kp, n_tiles, n_planes;
@@ -270,7 +271,7 @@ int adder_intnet_forward(const intnet_op *ops, int64_t n_ops, int bytes, const f
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
         for (int64_t n = 0; n < N; n++) {
             uint8_t *area = ws + (int64_t)omp_get_thread_num() * ws_bytes;
-            void *bufs[64];
+            void *bufs[MAXBUF];
             bufs[0] = (void *)(x + n * x_stride);
             bufs[1] = out + n * out_stride;
             for (int64_t b = 2; b < n_bufs; b++) bufs[b] = area + buf_off[b];
@@ -281,7 +282,7 @@ int adder_intnet_forward(const intnet_op *ops, int64_t n_ops, int bytes, const f
 #pragma omp parallel num_threads(nt)
     {
         uint8_t *rows = ws + (int64_t)omp_get_thread_num() * ws_bytes + rows_off;
-        void *bufs[64];
+        void *bufs[MAXBUF];
         for (int64_t n = 0; n < N; n++) {
             bufs[0] = (void *)(x + n * x_stride);
             bufs[1] = out + n * out_stride;

@@ -92,7 +92,7 @@ def forward(x, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, pack
 
 OP_ADDER, OP_ENTRY = 0, 1
 MAX_OUTPUTS = 8  # quantised outputs per op (adder_int.c MAXQ)
-MAX_BUFFERS = 64
+MAX_BUFFERS = 256  # adder_int.c MAXBUF
 
 
 class IntnetOp(ctypes.Structure):
