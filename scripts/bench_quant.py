@@ -186,8 +186,8 @@ def whole_model(a):
               f"{c1[0]:.3f} | {c64[0] / 64:.3f} |")
     print("\nratios to the float CNN twin (median times; > 1: faster than conv)")
     for m in MODELS[1:]:
-        print(f"  {m:10s} " + "  ".join(f"thr {k.split(',')[0]} b{k.split(',')[1]}: {cell('conv', k)[0] / cell(m, k)[0]:.2f}x"
-                                        for k in ("2,1", "2,64", "1,1", "1,64")))
+        ratios = (f"thr {k[0]} b{k[2:]}: {cell('conv', k)[0] / cell(m, k)[0]:.2f}x" for k in ("2,1", "2,64", "1,1", "1,64"))
+        print(f"  {m:10s} " + "  ".join(ratios))
     print(f"load average after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"date": str(datetime.date.today()), "load_before": load0,

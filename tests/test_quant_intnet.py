@@ -125,7 +125,8 @@ def test_inference_model_and_runtime_choices(quantised):
     assert inference_model(quantised, "layers") == (quantised, "layers")
     float_model = build_model("resnet20").eval()
     assert inference_model(float_model, "auto") == (float_model, "layers")
-    for runtime, match in (("integer", "quant.runtime=integer: no integer network here"), ("fast", "quant.runtime='fast'")):
+    for runtime, match in (("integer", "quant.runtime=integer: no integer network here"),
+                           ("fast", "quant.runtime='fast'")):
         with pytest.raises(ConfigError, match=match) as e:
             inference_model(float_model, runtime)
         assert "\n" not in str(e.value)
@@ -154,7 +155,7 @@ OFFICIAL = SHARED / "official" / "ResNet20-AdderNet.pth"
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (OFFICIAL.is_file() and CIFAR_SAMPLE.is_dir() and (SHARED / "cifar10-jpeg" / "train").is_dir()),
-                    reason=f"{SHARED} (official checkpoint, sample, cifar10-jpeg/train) absent: not part of a user's clone")
+                    reason=f"{SHARED} (official checkpoint, sample, cifar10-jpeg/train) absent: not in a user's clone")
 def test_official_resnet20_same_top1_as_the_layer_model_on_sample_images():
     """8 bits, calibrated on 256 training images; 300 sample images (30 per class): the same number correct
     as the QAdder2d model, the same prediction on at least 99% of the images."""
@@ -168,7 +169,8 @@ def test_official_resnet20_same_top1_as_the_layer_model_on_sample_images():
     cfg = compose(["model=resnet20", "data=cifar10_folder", f"data.root={SHARED / 'cifar10-jpeg'}"], "test")
     tf = build_transform(cfg.data, "val")
     train = ImageFolder(str(SHARED / "cifar10-jpeg" / "train"), tf)
-    calib = torch.stack([train[i][0] for i in torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:256]])
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
+    calib = torch.stack([train[i][0] for i in order[:256]])
     sample = ImageFolder(str(CIFAR_SAMPLE), tf)
     pick = [i for i, (_, y) in enumerate(sample.samples) if sum(1 for _, z in sample.samples[:i] if z == y) < 30]
     x = torch.stack([sample[i][0] for i in pick])

@@ -55,8 +55,8 @@ def unsupported_reason(model):
 class _Act:
     """An activation of the integer region: a float copy and/or integer planes (one per scale)."""
 
-    def __init__(self, c, h, w):
-        self.c, self.h, self.w = c, h, w
+    def __init__(self, c):
+        self.c, self.h, self.w = c, None, None
         self.scales, self.planes, self.float_buf = [], {}, None
         self.needs_float = False
 
@@ -154,31 +154,27 @@ class IntegerResNet(nn.Module):
     # ---- program ---------------------------------------------------------------------------------------------
 
     def _build(self, model):
-        lv = levels(self.bits)
-        stem_c = model.conv1.out_channels
+        """The steps (layer, input, output, residual input or None, ReLU) and which copies each activation needs;
+        buffers and shapes follow per input size in _program."""
         blocks = [b for stage in (model.layer1, model.layer2, model.layer3) for b in stage]
-        steps = []  # (layer, input act, output act, residual act or None, relu)
-        acts = [_Act(stem_c, None, None)]  # spatial size is set from the first layer's input
-        x = acts[0]
+        steps = []
+        x = entry = _Act(model.conv1.out_channels)  # the stem's output after its BatchNorm and ReLU
         for b in blocks:
-            ds = None
             if b.downsample is not None:
                 ds = _Layer(b.downsample[0], b.downsample[1], self.lane)
-                ident = _Act(ds.o, None, None)
+                ident = _Act(ds.o)
                 steps.append((ds, x, ident, None, False))
             else:
                 ident = x
             c1, c2 = _Layer(b.conv1, b.bn1, self.lane), _Layer(b.conv2, b.bn2, self.lane)
-            h, y = _Act(c1.o, None, None), _Act(c2.o, None, None)
+            h, y = _Act(c1.o), _Act(c2.o)
             steps += [(c1, x, h, None, True), (c2, h, y, ident, True)]
             ident.needs_float = True
             x = y
         x.needs_float = True  # the last block's output: the float tail
         for layer, src, _, _, _ in steps:
             src.want(layer.scales)
-        self._layers = [s[0] for s in steps]
-
-        self._steps, self._entry_act, self._stem_bn = steps, acts[0], model.bn1
+        self._steps, self._entry_act, self._stem_bn = steps, entry, model.bn1
         self._ops_for = {}
 
     def _program(self, h, w):
@@ -229,7 +225,8 @@ class IntegerResNet(nn.Module):
             out_buf, q_bufs, invs = outputs(dst, i)
             ops.append(dict(kind=int_cpu.OP_ADDER, C=src.c, H=src.h, W=src.w, O=layer.o, kh=kh, kw=kw, sh=sh, sw=sw,
                             ph=ph, pw=pw, Ho=ho, Wo=wo, Kp=layer.kp, n_tiles=len(layer.tile_plane),
-                            n_planes=len(planes), in_buf=planes[0], in_planes=torch.tensor(planes, dtype=torch.int64), out_buf=out_buf,
+                            n_planes=len(planes), in_buf=planes[0], in_planes=torch.tensor(planes, dtype=torch.int64),
+                            out_buf=out_buf,
                             res_buf=-1 if res is None else res.float_buf, relu=int(relu), q=q_bufs, inv=invs,
                             w=layer.w, tile_plane=layer.tile_plane, tile_first=layer.tile_first, chan=layer.chan,
                             alpha=layer.alpha, beta=layer.beta))

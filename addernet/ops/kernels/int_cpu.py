@@ -101,7 +101,8 @@ class IntnetOp(ctypes.Structure):
                                               "Wo", "Kp", "n_tiles", "n_planes", "in_buf", "out_buf", "res_buf",
                                               "relu", "n_q", "lv")] + [
         ("q_buf", ctypes.c_int64 * MAX_OUTPUTS), ("inv", ctypes.c_double * MAX_OUTPUTS),
-        ("w", ctypes.c_void_p), ("in_planes", ctypes.c_void_p), ("tile_plane", ctypes.c_void_p), ("tile_first", ctypes.c_void_p),
+        ("w", ctypes.c_void_p), ("in_planes", ctypes.c_void_p), ("tile_plane", ctypes.c_void_p),
+        ("tile_first", ctypes.c_void_p),
         ("chan", ctypes.c_void_p), ("alpha", ctypes.c_void_p), ("beta", ctypes.c_void_p)]
 
 
@@ -133,7 +134,7 @@ def run_network(ops, lane, x, out, buf_off, ws_bytes, rows_off, threads=None):
     n = x.shape[0]
     ws = torch.empty(nt * ws_bytes, dtype=torch.uint8)
     offs = torch.tensor(buf_off, dtype=torch.int64)
-    _net_lib().adder_intnet_forward(ctypes.addressof(ops), len(ops), LANES[lane], x.data_ptr(), x[0].numel() if n else 0,
-                                    out.data_ptr(), out[0].numel() if n else 0, n, offs.data_ptr(), len(buf_off),
-                                    ws.data_ptr(), ws_bytes, rows_off, nt)
+    _net_lib().adder_intnet_forward(ctypes.addressof(ops), len(ops), LANES[lane], x.data_ptr(),
+                                    x[0].numel() if n else 0, out.data_ptr(), out[0].numel() if n else 0, n,
+                                    offs.data_ptr(), len(buf_off), ws.data_ptr(), ws_bytes, rows_off, nt)
     return out
