@@ -21,11 +21,13 @@ a fresh process per round, models in rotated order per round, at 2 and 1 threads
   conv int8    PyTorch's post-training int8 quantisation of the CNN twin (torch.ao.quantization FX mode,
                x86 backend, calibrated on 64 random images: speed only)
 Each cell: the median over rounds of each process's median time per forward, +- half the range over
-rounds; "cpu" is the process CPU time per forward at 1 thread (less sensitive to other load).
+rounds; "cpu" is the process CPU time per forward at the first thread count (at 1 thread it is less
+sensitive to other load than the wall time).
 The quantised AdderNets come from --q8/--q4 (quantised checkpoints of scripts/quantize.py), or else
 from a randomly initialised ResNet-20 quantised on random images (the speed does not depend on it).
 
-    python scripts/bench_quant.py --whole-model [--q8 PATH] [--q4 PATH] [--rounds N] [--json PATH]
+    python scripts/bench_quant.py --whole-model [--q8 PATH] [--q4 PATH] [--rounds N] [--reps N]
+        [--thread-list 2,1] [--models conv,q8 int,...] [--json PATH]
 """
 import argparse
 import datetime
@@ -96,7 +98,7 @@ def bench(shape, batch, rounds, groups):
 
 
 MODELS = ("conv", "adder", "q8 layers", "q8 int", "q4 int", "conv int8")
-CASES = ((2, 1), (2, 64), (1, 1), (1, 64))  # (threads, batch)
+BATCHES = (1, 64)
 
 
 def _random_quantised(bits):
@@ -136,7 +138,7 @@ def worker(a):
     model = _model(a.worker, a)
     out = {}
     with torch.no_grad():
-        for threads, batch in CASES:
+        for threads, batch in [(t, b) for t in a.thread_list for b in BATCHES]:
             torch.set_num_threads(threads)
             x = torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(1))
             model(x)
@@ -156,16 +158,18 @@ def whole_model(a):
     load0 = os.getloadavg()
     print(f"{datetime.date.today()} | torch {torch.__version__} | ResNet-20, CIFAR 32x32 | {a.rounds} rounds, fresh "
           f"process per model and round | load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}", flush=True)
-    runs = {m: [] for m in MODELS}
+    models = [m for m in MODELS if m in a.models]
+    runs = {m: [] for m in models}
     for r in range(a.rounds):
-        order = MODELS[r % len(MODELS):] + MODELS[:r % len(MODELS)]
+        order = models[r % len(models):] + models[:r % len(models)]
         for m in order:
-            cmd = [sys.executable, __file__, "--worker", m, "--reps", str(a.reps)]
+            cmd = [sys.executable, __file__, "--worker", m, "--reps", str(a.reps), "--thread-list", a.thread_list_arg]
             cmd += [f for flag, v in (("--q8", a.q8), ("--q4", a.q4)) if v for f in (flag, v)]
             res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
             if res.returncode != 0:
                 raise SystemExit(f"bench_quant.py: worker {m} failed: {res.stderr.strip()[-800:]}")
             runs[m].append(json.loads(res.stdout.strip().splitlines()[-1]))
+            print(f"  {m}: {json.dumps(runs[m][-1])}", flush=True)  # raw [wall s, cpu s] per "threads,batch"
         print(f"round {r + 1}/{a.rounds} done, load average {os.getloadavg()[0]:.2f}", flush=True)
     load1 = os.getloadavg()
 
@@ -173,21 +177,24 @@ def whole_model(a):
         v = [run[key][i] * 1e3 for run in runs[m]]
         return statistics.median(v), (max(v) - min(v)) / 2
 
-    print("\n| model | batch 1 ms (2 thr) | batch 64 img/s (2 thr) | batch 1 ms (1 thr) | batch 64 img/s (1 thr) "
-          "| batch 1 cpu ms (1 thr) | batch 64 cpu ms/img (1 thr) |")
-    print("|---|---|---|---|---|---|---|")
+    keys = [f"{t},{b}" for t in a.thread_list for b in BATCHES]
+    head = [f"batch {b} {'ms' if b == 1 else 'img/s'} ({t} thr)" for t in a.thread_list for b in BATCHES]
+    print("\n| model | " + " | ".join(head) + " | batch 1 cpu ms | batch 64 cpu ms/img |")
+    print("|---" * (len(head) + 3) + "|")
     rows = []
-    for m in MODELS:
-        b1, b64, b1s, b64s = (cell(m, k) for k in ("2,1", "2,64", "1,1", "1,64"))
-        c1, c64 = cell(m, "1,1", 1), cell(m, "1,64", 1)
-        rows.append({"model": m, **{k: [run[k] for run in runs[m]] for k in ("2,1", "2,64", "1,1", "1,64")}})
-        print(f"| {m} | {b1[0]:.3f} ± {b1[1]:.3f} | {64e3 / b64[0]:.0f} ± {64e3 * b64[1] / b64[0] ** 2:.0f} | "
-              f"{b1s[0]:.3f} ± {b1s[1]:.3f} | {64e3 / b64s[0]:.0f} ± {64e3 * b64s[1] / b64s[0] ** 2:.0f} | "
-              f"{c1[0]:.3f} | {c64[0] / 64:.3f} |")
-    print("\nratios to the float CNN twin (median times; > 1: faster than conv)")
-    for m in MODELS[1:]:
-        ratios = (f"thr {k[0]} b{k[2:]}: {cell('conv', k)[0] / cell(m, k)[0]:.2f}x" for k in ("2,1", "2,64", "1,1", "1,64"))
-        print(f"  {m:10s} " + "  ".join(ratios))
+    for m in models:
+        cells = []
+        for k in keys:
+            med, half = cell(m, k)
+            cells.append(f"{med:.3f} ± {half:.3f}" if k.endswith(",1") else f"{64e3 / med:.0f} ± {64e3 * half / med ** 2:.0f}")
+        c1, c64 = cell(m, keys[0], 1), cell(m, keys[1], 1)  # CPU time at the first thread count
+        rows.append({"model": m, **{k: [run[k] for run in runs[m]] for k in keys}})
+        print(f"| {m} | " + " | ".join(cells) + f" | {c1[0]:.3f} | {c64[0] / 64:.3f} |")
+    if "conv" in models:
+        print("\nratios to the float CNN twin (median times; > 1: faster than conv)")
+        for m in models:
+            ratios = (f"thr {k.split(',')[0]} b{k.split(',')[1]}: {cell('conv', k)[0] / cell(m, k)[0]:.2f}x" for k in keys)
+            print(f"  {m:10s} " + "  ".join(ratios))
     print(f"load average after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"date": str(datetime.date.today()), "load_before": load0,
@@ -204,8 +211,12 @@ def main():
     p.add_argument("--q8", help="8-bit quantised checkpoint (scripts/quantize.py) for --whole-model")
     p.add_argument("--q4", help="4-bit quantised checkpoint for --whole-model")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per process in --whole-model")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset for --whole-model")
+    p.add_argument("--thread-list", dest="thread_list_arg", default="2,1", help="thread counts for --whole-model")
     p.add_argument("--worker", choices=MODELS, help=argparse.SUPPRESS)
     a = p.parse_args()
+    a.models = a.models.split(",")
+    a.thread_list = [int(t) for t in a.thread_list_arg.split(",")]
     if a.worker:
         return worker(a)
     if a.whole_model:
