@@ -262,7 +262,7 @@ class IntegerResNet(nn.Module):
         if x.device.type != "cpu":
             raise RuntimeError(f"IntegerResNet runs on CPU; got a tensor on {x.device.type}")
         h = self.conv1(x.float().contiguous(memory_format=torch.channels_last))
-        h = h.permute(0, 2, 3, 1).contiguous()  # NHWC; no copy for a channels-last conv output
+        h = h.float().permute(0, 2, 3, 1).contiguous()  # NHWC float32 (also under autocast); no copy usually
         ops, offsets, ws_bytes, rows_off, (ho, wo, co), _ = self._program(h.shape[1], h.shape[2])
         out = torch.empty(h.shape[0], ho, wo, co)
         int_cpu.run_network(ops, self.lane, h, out, offsets, ws_bytes, rows_off)
