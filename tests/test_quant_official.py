@@ -59,6 +59,7 @@ def test_quantised_checkpoint_evaluates_without_calibration(quantized_checkpoint
             "trainer.progress=false"]
     out = _json(_run("test.py", args))
     assert out["quant"]["calibrated"] == "stored in the checkpoint" and out["quant"]["bits"] == 8
+    assert out["quant"]["runtime"] == "integer network"  # test.py runs quantised ResNets as the integer network
     assert out["top1"] >= _official_top1() - 1.0, out  # at most 1 point lost (BN re-estimation may gain)
     r = _run("test.py", args + ["model=resnet32"])
     assert r.returncode == 2 and "Traceback" not in r.stderr and "do not match" in r.stderr, r.stderr[-2000:]
