@@ -1,6 +1,7 @@
 """Inference speed of the integer adder kernel against the float fast kernel and nn.Conv2d (CPU).
 
-For every distinct adder-layer shape of ResNet-20, at batch 1 and 64, times (forward only, no grad):
+Layer mode (default). For every distinct adder-layer shape of ResNet-20, at batch 1 and 64, times
+(forward only, no grad):
   conv      nn.Conv2d of the same shape (float32)
   adder     Adder2d with the fast float kernel (float32)
   int8 sum  the integer kernel alone on uint8 inputs: sum |q_a - u| -> int32 (ops/kernels/adder_int.c)
@@ -10,22 +11,44 @@ Methods run interleaved (A B C D, A B C D, ...) so machine load hits them alike;
 median over rounds, +- half the interquartile range; the load average is printed before and after.
 
     python scripts/bench_quant.py [--rounds N] [--groups G] [--threads N] [--json PATH]
+
+Whole-model mode (--whole-model). ResNet-20 at batch 1 (latency) and 64 (throughput), each model in
+a fresh process per round, models in rotated order per round, at 2 and 1 threads:
+  conv         the float CNN twin (nn.Conv2d, oneDNN), NCHW float32
+  adder        the float AdderNet (the fast float kernel)
+  q8 layers    the 8-bit quantised AdderNet, layer by layer (QAdder2d: quantise, kernel, rescale; BN in float)
+  q8 / q4 int  the quantised AdderNet as an integer network (addernet.quant.load_quantized)
+  conv int8    PyTorch's post-training int8 quantisation of the CNN twin (torch.ao.quantization FX mode,
+               x86 backend, calibrated on 64 random images: speed only)
+Each cell: the median over rounds of each process's median time per forward, +- half the range over
+rounds; "cpu" is the process CPU time per forward at the first thread count (at 1 thread it is less
+sensitive to other load than the wall time).
+The quantised AdderNets come from --q8/--q4 (quantised checkpoints of scripts/quantize.py), or else
+from a randomly initialised ResNet-20 quantised on random images (the speed does not depend on it).
+
+    python scripts/bench_quant.py --whole-model [--q8 PATH] [--q4 PATH] [--rounds N] [--reps N]
+        [--thread-list 2,1] [--models conv,q8 int,...] [--json PATH]
 """
 import argparse
 import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn as nn
+from omegaconf import OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 from addernet.ops import Adder2d  # noqa: E402
 from addernet.ops.kernels import int_cpu  # noqa: E402
+from addernet.models import build_model  # noqa: E402
+from addernet.quant import IntegerResNet, load_quantized_into, quantize_model  # noqa: E402
 from addernet.quant.convert import quantize_layer  # noqa: E402
 
 SHAPES = [  # (name, in, out, size, kernel, stride, padding)
@@ -74,13 +97,130 @@ def bench(shape, batch, rounds, groups):
     return out
 
 
+MODELS = ("conv", "adder", "q8 layers", "q8 int", "q4 int", "conv int8")
+BATCHES = (1, 64)
+
+
+def _random_quantised(bits):
+    torch.manual_seed(0)
+    model = build_model("resnet20").eval()
+    images = torch.rand(64, 3, 32, 32) * 4 - 2
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, torch.zeros(64)), batch_size=32)
+    cfg = OmegaConf.merge(OmegaConf.load(ROOT / "configs" / "quant" / "default.yaml"),
+                          {"bits": bits, "calib_images": 64, "calib_batch_size": 32})
+    return quantize_model(model, loader, cfg)
+
+
+def _model(name, a):
+    if name in ("conv", "adder"):
+        return build_model("resnet20", layer=name).eval()
+    if name == "conv int8":
+        from torch.ao.quantization import get_default_qconfig_mapping
+        from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+        torch.backends.quantized.engine = "x86"
+        x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+        prepared = prepare_fx(build_model("resnet20", layer="conv").eval(), get_default_qconfig_mapping("x86"), (x,))
+        with torch.no_grad():
+            prepared(x)
+        return convert_fx(prepared)
+    bits = int(name[1])
+    path = a.q8 if bits == 8 else a.q4
+    model = (load_quantized_into(build_model("resnet20").eval(), path)[0] if path else _random_quantised(bits)).eval()
+    return model if name.endswith("layers") else IntegerResNet(model)
+
+
+def worker(a):
+    """One model in this process: {"threads,batch": [median wall s, median cpu s]} on stdout."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    model = _model(a.worker, a)
+    out = {}
+    with torch.no_grad():
+        for threads, batch in [(t, b) for t in a.thread_list for b in BATCHES]:
+            torch.set_num_threads(threads)
+            x = torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+            model(x)
+            inner = 10 if batch == 1 else 1
+            walls, cpus = [], []
+            for _ in range(a.reps):
+                w0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(inner):
+                    model(x)
+                walls.append((time.perf_counter() - w0) / inner)
+                cpus.append((time.process_time() - c0) / inner)
+            out[f"{threads},{batch}"] = [statistics.median(walls), statistics.median(cpus)]
+    print(json.dumps(out))
+
+
+def whole_model(a):
+    load0 = os.getloadavg()
+    print(f"{datetime.date.today()} | torch {torch.__version__} | ResNet-20, CIFAR 32x32 | {a.rounds} rounds, fresh "
+          f"process per model and round | load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}", flush=True)
+    models = [m for m in MODELS if m in a.models]
+    runs = {m: [] for m in models}
+    for r in range(a.rounds):
+        order = models[r % len(models):] + models[:r % len(models)]
+        for m in order:
+            cmd = [sys.executable, __file__, "--worker", m, "--reps", str(a.reps), "--thread-list", a.thread_list_arg]
+            cmd += [f for flag, v in (("--q8", a.q8), ("--q4", a.q4)) if v for f in (flag, v)]
+            res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
+            if res.returncode != 0:
+                raise SystemExit(f"bench_quant.py: worker {m} failed: {res.stderr.strip()[-800:]}")
+            runs[m].append(json.loads(res.stdout.strip().splitlines()[-1]))
+            print(f"  {m}: {json.dumps(runs[m][-1])}", flush=True)  # raw [wall s, cpu s] per "threads,batch"
+        print(f"round {r + 1}/{a.rounds} done, load average {os.getloadavg()[0]:.2f}", flush=True)
+    load1 = os.getloadavg()
+
+    def cell(m, key, i=0):
+        v = [run[key][i] * 1e3 for run in runs[m]]
+        return statistics.median(v), (max(v) - min(v)) / 2
+
+    keys = [f"{t},{b}" for t in a.thread_list for b in BATCHES]
+    head = [f"batch {b} {'ms' if b == 1 else 'img/s'} ({t} thr)" for t in a.thread_list for b in BATCHES]
+    print("\n| model | " + " | ".join(head) + " | batch 1 cpu ms | batch 64 cpu ms/img |")
+    print("|---" * (len(head) + 3) + "|")
+    rows = []
+    for m in models:
+        cells = []
+        for k in keys:
+            med, half = cell(m, k)
+            cells.append(f"{med:.3f} ± {half:.3f}" if k.endswith(",1") else f"{64e3 / med:.0f} ± {64e3 * half / med ** 2:.0f}")
+        c1, c64 = cell(m, keys[0], 1), cell(m, keys[1], 1)  # CPU time at the first thread count
+        rows.append({"model": m, **{k: [run[k] for run in runs[m]] for k in keys}})
+        print(f"| {m} | " + " | ".join(cells) + f" | {c1[0]:.3f} | {c64[0] / 64:.3f} |")
+    if "conv" in models:
+        print("\nratios to the float CNN twin (median times; > 1: faster than conv)")
+        for m in models:
+            ratios = (f"thr {k.split(',')[0]} b{k.split(',')[1]}: {cell('conv', k)[0] / cell(m, k)[0]:.2f}x" for k in keys)
+            print(f"  {m:10s} " + "  ".join(ratios))
+    print(f"load average after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"date": str(datetime.date.today()), "load_before": load0,
+                                            "load_after": load1, "rows": rows}, indent=1))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--groups", type=int, default=4)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--json")
+    p.add_argument("--whole-model", action="store_true", help="ResNet-20 end to end (see the module docstring)")
+    p.add_argument("--q8", help="8-bit quantised checkpoint (scripts/quantize.py) for --whole-model")
+    p.add_argument("--q4", help="4-bit quantised checkpoint for --whole-model")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per process in --whole-model")
+    p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset for --whole-model")
+    p.add_argument("--thread-list", dest="thread_list_arg", default="2,1", help="thread counts for --whole-model")
+    p.add_argument("--worker", choices=MODELS, help=argparse.SUPPRESS)
     a = p.parse_args()
+    a.models = a.models.split(",")
+    a.thread_list = [int(t) for t in a.thread_list_arg.split(",")]
+    if a.worker:
+        return worker(a)
+    if a.whole_model:
+        return whole_model(a)
     torch.set_num_threads(a.threads)
     load0 = os.getloadavg()
     print(f"{datetime.date.today()} | torch {torch.__version__} | threads {a.threads} | load average before "

@@ -3,7 +3,9 @@
  * time, each mix over 6 independent accumulators held in registers; the kernels' throughput in
  * docs/benchmarks.md is quoted as a fraction of these. Build and run:
  *     cc -O3 -march=native scripts/cpu_peak.c -o /tmp/cpu_peak && /tmp/cpu_peak
- * (the 6 chains cap the fma-only line at 12 of the 16 lanes/cycle two FMA pipes give). */
+ * (the 6 chains cap the fma-only line at 12 of the 16 lanes/cycle two FMA pipes give).
+ * The last line is the integer kernel's inner step (adder_int.c): vpsadbw (32 absolute byte
+ * differences summed into 4 64-bit lanes) and vpaddq into the accumulator, in absolute differences. */
 #include <immintrin.h>
 #include <stdio.h>
 #include <time.h>
@@ -28,4 +30,10 @@ int main(){
   RUN("gin: fma(w,1,-x),max,min,fma", _mm256_fmadd_ps(g,_mm256_min_ps(_mm256_max_ps(_mm256_fmadd_ps(w,one,x[k]),mo),one),acc[k]))
   RUN("conv: fma", _mm256_fmadd_ps(w,x[k],acc[k]))
   RUN("add only", _mm256_add_ps(acc[k], x[k]))
+  __m256i ia[K], ix[K], iw=_mm256_set1_epi8(3);
+  for(int k=0;k<K;k++){ia[k]=_mm256_setzero_si256(); ix[k]=_mm256_set1_epi8((char)k);}
+  t=now();
+  for(long i=0;i<N/K/32;i++){ __asm__("":"+x"(iw)); _Pragma("GCC unroll 8") for(int k=0;k<K;k++) ia[k]=_mm256_add_epi64(ia[k],_mm256_sad_epu8(ix[k],iw)); }
+  dt=now()-t; long long r=0; for(int k=0;k<K;k++) r+=_mm256_extract_epi64(ia[k],0);
+  printf("%-28s %6.2f G elem/s = %.2f elem/cycle (%lld)\n", "sad: vpsadbw, vpaddq (u8)", N/dt/1e9, N/dt/1e9/ghz, r);
 }

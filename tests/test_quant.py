@@ -13,7 +13,7 @@ from addernet.engine import ConfigError
 from addernet.models import build_model
 from addernet.ops import Adder2d
 from addernet.ops.reference import adder2d_reference
-from addernet.quant import QAdder2d, load_quantized, quantize_model, save_quantized
+from addernet.quant import QAdder2d, load_quantized_into, quantize_model, save_quantized
 from addernet.quant.convert import quantize_layer
 from addernet.quant.grouping import group_filters, kmeans_1d
 from addernet.quant.quantizer import clamp_weight, group_scales, levels, quantize_activation, quantize_weight
@@ -215,11 +215,11 @@ def test_quantize_model_swaps_every_adder_layer_and_keeps_stem_and_classifier(tm
     path = save_quantized(tmp_path / "q.pt", model, {"model": {"name": "resnet20"}}, {"bits": 8})
     raw = torch.load(path, weights_only=True)
     assert raw["quant"] == {"bits": 8} and raw["model"]["layer1.0.conv1.qweight"].dtype == torch.int8
-    loaded, _ = load_quantized(build_model("resnet20").eval(), path)
+    loaded, _ = load_quantized_into(build_model("resnet20").eval(), path)
     with torch.no_grad():
         assert torch.equal(loaded(x), y)
     with pytest.raises(CheckpointError, match="do not match"):
-        load_quantized(build_model("resnet32"), path)
+        load_quantized_into(build_model("resnet32"), path)
 
 
 @pytest.mark.parametrize("bad, match", [(dict(bits=1), "quant.bits=1"), (dict(bits=17), "quant.bits=17"),

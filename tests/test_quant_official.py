@@ -59,6 +59,7 @@ def test_quantised_checkpoint_evaluates_without_calibration(quantized_checkpoint
             "trainer.progress=false"]
     out = _json(_run("test.py", args))
     assert out["quant"]["calibrated"] == "stored in the checkpoint" and out["quant"]["bits"] == 8
+    assert out["quant"]["runtime"] == "integer network"  # test.py runs quantised ResNets as the integer network
     assert out["top1"] >= _official_top1() - 1.0, out  # at most 1 point lost (BN re-estimation may gain)
     r = _run("test.py", args + ["model=resnet32"])
     assert r.returncode == 2 and "Traceback" not in r.stderr and "do not match" in r.stderr, r.stderr[-2000:]
@@ -135,12 +136,12 @@ def test_onnx_export_of_the_quantised_checkpoint(quantized_checkpoint, tmp_path)
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
     from addernet.models import build_model
-    from addernet.quant import QAdder2d, load_quantized
+    from addernet.quant import QAdder2d, load_quantized_into
 
     path, _ = quantized_checkpoint
     out = tmp_path / "resnet20_q8.onnx"
     _json(_run("scripts/export_onnx.py", [f"checkpoint={path}", f"out={out}"]))
-    model, _ = load_quantized(build_model("resnet20").eval(), path)
+    model, _ = load_quantized_into(build_model("resnet20").eval(), path)
     x = _sample(5)
     with torch.no_grad():
         want = model(x).numpy()

@@ -20,7 +20,7 @@ from ..checkpoint.official import is_official, load_official
 from ..data import build_loader, check_classes, take_skipped
 from ..errors import CheckpointError, ConfigError
 from ..ops import Adder2d
-from ..quant import is_quantized_state, prepare_quantized, quantize_for_eval
+from ..quant import inference_model, is_quantized_state, prepare_quantized, quantize_for_eval
 from .config import check_eval_config, check_known_keys, check_stored_model, device_type, model_from_config
 from .entry_checks import check_option_keys, check_output_path, check_top_level
 from .evaluate import evaluate
@@ -233,6 +233,8 @@ def evaluate_checkpoint(cfg, overrides):
     bar = tqdm(loader, desc="test", unit="batch", disable=not (dist.is_main() and cfg.trainer.progress),
                file=sys.stderr)
     model, quant = quantize_for_eval(model, cfg, device)  # no-op unless quant.bits or a quantised checkpoint
+    if quant:  # the integer network on CPU where it applies (docs/quantization.md), else the quantised layers
+        model, quant["runtime"] = inference_model(model, (cfg.get("quant") or {}).get("runtime", "auto"), device)
     result = evaluate(model, bar, device, amp=cfg.trainer.amp, channels_last=bool(cfg.trainer.channels_last))
     skipped = take_skipped(loader)
     if skipped:

@@ -24,9 +24,10 @@ def save_quantized(path, model, config, settings):
                             "quant": dict(settings)}, path)
 
 
-def load_quantized(model, path, kernel="auto"):
-    """Load the quantised checkpoint `path` into the float `model` built from its config; returns (model, ckpt)."""
-    ckpt = load_checkpoint(path)
+def load_quantized_into(model, path, kernel="auto", ckpt=None):
+    """Load the quantised checkpoint `path` (or its already read `ckpt`) into the float `model` built from its
+    config, as QAdder2d layers; returns (model, ckpt). addernet.quant.load_quantized(path) builds the model too."""
+    ckpt = load_checkpoint(path) if ckpt is None else ckpt
     if not (isinstance(ckpt, dict) and isinstance(ckpt.get("quant"), dict) and isinstance(ckpt.get("model"), dict)
             and is_quantized_state(ckpt["model"])):
         raise CheckpointError(f"{path} is not a quantised checkpoint (no 'quant' entry with quantised adder layers); "

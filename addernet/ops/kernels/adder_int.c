@@ -17,9 +17,15 @@
  * Shape vector s (int64): 0 N, 1 C, 2 H, 3 W, 4 G, 5 Cg, 6 Og, 7 kh, 8 kw, 9 sh, 10 sw, 11 ph,
  * 12 pw, 13 dh, 14 dw, 15 Ho, 16 Wo, 17 Kp (row length), 18 Opad (Og rounded up to OT).
  * x is NCHW contiguous; w is packed [G][Opad][Kp] with K in (i, j, c) order; y is NCHW contiguous. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static int omp_get_thread_num(void) { return 0; }
+#endif
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -200,6 +206,100 @@ int adder_int_forward(const void *x, const void *w, int32_t *y, const int64_t *s
 /* Row alignment in elements (Python pads K to a multiple of it) and the tile's filter count. */
 int adder_int_row_align(void) { return SADB; }
 int adder_int_filter_tile(void) { return OT; }
+
+/* ---- Integer network --------------------------------------------------------------------------
+ * A quantised network's integer region in one call (addernet/quant/intnet.py builds the ops).
+ * Activations between adder layers are unsigned integers in channels-last planes [H][W][C]; each
+ * adder layer reads its input planes and, in its epilogue, applies one per-channel affine map
+ * v = alpha * sum + beta (the scale, the constant c, the bias term and BatchNorm folded, in double),
+ * optionally adds a float residual [H][W][O] and applies ReLU, then writes a float copy and/or the
+ * next layers' inputs: clamp(round_half_even(v * inv_k), 0, lv) for every scale s_k = 1 / inv_k they
+ * read. An entry op does the same for a float input (the stem's output) with one affine per channel.
+ * A layer with several scales reads one plane per scale (buffers in_planes[p]): its filters are
+ * packed plane by plane (each run padded to OT), and tile b reads plane tile_plane[b].
+ * Buffers per image: 0 the float input, 1 the float output, 2.. at buf_off[] in a workspace. */
+#define OP_ADDER 0
+#define OP_ENTRY 1
+#define MAXQ 8
+#define MAXBUF 256 /* buffers per image */
+_Static_assert(OT == 4, "the vector epilogue writes 4 channels");
+typedef struct {
+    int64_t kind, C, H, W, O, kh, kw, sh, sw, ph, pw, Ho, Wo, Kp, n_tiles, n_planes;
+    int64_t in_buf, out_buf, res_buf, relu, n_q, lv;
+    int64_t q_buf[MAXQ];
+    double inv[MAXQ];
+    const void *w;              /* [n_tiles * OT][Kp] packed unsigned weights */
+    const int64_t *in_planes;   /* [n_planes] buffers of the input planes (entry: in_buf, a float buffer) */
+    const int64_t *tile_plane;  /* [n_tiles] input plane of each filter tile */
+    const int64_t *tile_first;  /* [n_tiles] first channel when the tile's OT channels are consecutive, else -1 */
+    const int64_t *chan;        /* [n_tiles * OT] output channel of each slot, -1 for padding */
+    const double *alpha, *beta; /* [n_tiles * OT] per slot (entry: [C] per channel) */
+} intnet_op;
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+#define T uint8_t
+#define SUF u8
+#define TILE sad_tile_u8
+#include "adder_intnet_body.h"
+#undef T
+#undef SUF
+#undef TILE
+#define T uint16_t
+#define SUF u16
+#define TILE sad_tile_u16
+#include "adder_intnet_body.h"
+#undef T
+#undef SUF
+#undef TILE
+
+static int64_t op_pixels(const intnet_op *op) { return op->kind == OP_ENTRY ? op->H * op->W : op->Ho * op->Wo; }
+
+static void run_op(const intnet_op *op, void **bufs, int64_t q0, int64_t q1, void *rows, int bytes) {
+    if (bytes == 1) run_op_u8(op, bufs, q0, q1, rows);
+    else run_op_u16(op, bufs, q0, q1, rows);
+}
+
+/* The n_ops ops over N images: x [N][x_stride] float, out [N][out_stride] float. ws holds nt
+ * per-thread areas of ws_bytes: the buffers at buf_off[b] (b >= 2), then the gather rows at
+ * rows_off. N >= nt: each thread runs whole images; otherwise (batch 1) every op's output pixels
+ * are split across the threads, with a barrier between ops. Returns 0. */
+int adder_intnet_forward(const intnet_op *ops, int64_t n_ops, int bytes, const float *x, int64_t x_stride,
+                         float *out, int64_t out_stride, int64_t N, const int64_t *buf_off, int64_t n_bufs,
+                         uint8_t *ws, int64_t ws_bytes, int64_t rows_off, int nt) {
+    if (N >= nt) {
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+        for (int64_t n = 0; n < N; n++) {
+            uint8_t *area = ws + (int64_t)omp_get_thread_num() * ws_bytes;
+            void *bufs[MAXBUF];
+            bufs[0] = (void *)(x + n * x_stride);
+            bufs[1] = out + n * out_stride;
+            for (int64_t b = 2; b < n_bufs; b++) bufs[b] = area + buf_off[b];
+            for (int64_t i = 0; i < n_ops; i++) run_op(&ops[i], bufs, 0, op_pixels(&ops[i]), area + rows_off, bytes);
+        }
+        return 0;
+    }
+#pragma omp parallel num_threads(nt)
+    {
+        uint8_t *rows = ws + (int64_t)omp_get_thread_num() * ws_bytes + rows_off;
+        void *bufs[MAXBUF];
+        for (int64_t n = 0; n < N; n++) {
+            bufs[0] = (void *)(x + n * x_stride);
+            bufs[1] = out + n * out_stride;
+            for (int64_t b = 2; b < n_bufs; b++) bufs[b] = ws + buf_off[b];
+            for (int64_t i = 0; i < n_ops; i++) {
+                const int64_t L = op_pixels(&ops[i]), n_tiles = (L + PT - 1) / PT;
+#pragma omp for schedule(static)
+                for (int64_t k = 0; k < n_tiles; k++)
+                    run_op(&ops[i], bufs, k * PT, (k + 1) * PT < L ? (k + 1) * PT : L, rows, bytes);
+            }
+        }
+    }
+    return 0;
+}
+
+int adder_intnet_max_outputs(void) { return MAXQ; }
+int adder_intnet_op_size(void) { return (int)sizeof(intnet_op); }
 
 int adder_int_openmp(void) {
 #ifdef _OPENMP

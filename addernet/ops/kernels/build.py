@@ -24,7 +24,7 @@ from pathlib import Path
 from ...errors import BuildError
 
 # library name -> its sources (the first is compiled; the rest are headers it includes)
-SOURCES = {"adder_cpu": ("adder_cpu.c", "adder_cpu_body.h"), "adder_int": ("adder_int.c",)}
+SOURCES = {"adder_cpu": ("adder_cpu.c", "adder_cpu_body.h"), "adder_int": ("adder_int.c", "adder_intnet_body.h")}
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11")  # no -ffast-math: see adder_cpu.c
 OPENMP = ("-fopenmp",)  # tried first; without it the kernels run on a Python thread pool (cpu.py)
 

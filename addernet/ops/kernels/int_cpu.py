@@ -86,3 +86,55 @@ def forward(x, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, pack
     if status:
         raise MemoryError("integer adder kernel could not allocate its per-image scratch buffer")
     return y
+
+
+# ---- integer network (adder_int.c, "Integer network"): ops built by addernet/quant/intnet.py ----------
+
+OP_ADDER, OP_ENTRY = 0, 1
+MAX_OUTPUTS = 8  # quantised outputs per op (adder_int.c MAXQ)
+MAX_BUFFERS = 256  # adder_int.c MAXBUF
+
+
+class IntnetOp(ctypes.Structure):
+    """One op of the integer network; field for field adder_int.c's intnet_op."""
+    _fields_ = [(n, ctypes.c_int64) for n in ("kind", "C", "H", "W", "O", "kh", "kw", "sh", "sw", "ph", "pw", "Ho",
+                                              "Wo", "Kp", "n_tiles", "n_planes", "in_buf", "out_buf", "res_buf",
+                                              "relu", "n_q", "lv")] + [
+        ("q_buf", ctypes.c_int64 * MAX_OUTPUTS), ("inv", ctypes.c_double * MAX_OUTPUTS),
+        ("w", ctypes.c_void_p), ("in_planes", ctypes.c_void_p), ("tile_plane", ctypes.c_void_p),
+        ("tile_first", ctypes.c_void_p),
+        ("chan", ctypes.c_void_p), ("alpha", ctypes.c_void_p), ("beta", ctypes.c_void_p)]
+
+
+@functools.lru_cache(maxsize=None)
+def _net_lib():
+    lib = _lib()
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.adder_intnet_forward.argtypes = [p, i64, ctypes.c_int, p, i64, p, i64, i64, p, i64, p, i64, i64, ctypes.c_int]
+    for name in ("adder_intnet_forward", "adder_intnet_max_outputs", "adder_intnet_op_size"):
+        getattr(lib, name).restype = ctypes.c_int
+    if lib.adder_intnet_op_size() != ctypes.sizeof(IntnetOp) or lib.adder_intnet_max_outputs() != MAX_OUTPUTS:
+        raise RuntimeError("adder_int.c and int_cpu.IntnetOp disagree on the op layout; rebuild the kernel")
+    return lib
+
+
+def filter_tile():
+    return _lib().adder_int_filter_tile()
+
+
+def row_align():
+    return _lib().adder_int_row_align()
+
+
+def run_network(ops, lane, x, out, buf_off, ws_bytes, rows_off, threads=None):
+    """Run the ops (a ctypes array of IntnetOp) on x (N, ...) float32 into out (N, ...) float32, both
+    contiguous; buf_off[b] is buffer b's byte offset in a per-thread area of ws_bytes, rows_off the
+    gather rows' offset there. Batch >= threads: images split across threads; smaller: pixels."""
+    nt = threads or torch.get_num_threads()
+    n = x.shape[0]
+    ws = torch.empty(nt * ws_bytes, dtype=torch.uint8)
+    offs = torch.tensor(buf_off, dtype=torch.int64)
+    _net_lib().adder_intnet_forward(ctypes.addressof(ops), len(ops), LANES[lane], x.data_ptr(),
+                                    x[0].numel() if n else 0, out.data_ptr(), out[0].numel() if n else 0, n,
+                                    offs.data_ptr(), len(buf_off), ws.data_ptr(), ws_bytes, rows_off, nt)
+    return out

@@ -1,0 +1,189 @@
+"""The integer network of a quantised CIFAR ResNet (addernet/quant/intnet.py, the integer kernel's network
+entry): against a float64 reference of the quantised model written from the formulas, against the
+layer-by-layer QAdder2d model, over batch and thread splits, 8/4/12 bits (uint8 and uint16 lanes), groups
+with different scales; load_quantized(path); the official checkpoint on sample images."""
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from addernet.engine import ConfigError
+from addernet.models import build_model
+from addernet.ops import Adder2d
+from addernet.quant import IntegerResNet, QAdder2d, inference_model, load_quantized, quantize_model, save_quantized
+from addernet.quant.quantizer import levels
+from helpers import CIFAR_SAMPLE, REPO, SHARED
+
+QUANT_DEFAULTS = OmegaConf.load(REPO / "configs" / "quant" / "default.yaml")
+
+
+def _images(n, seed):
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def _quantised_resnet20(bits, groups=4):
+    """A ResNet-20 with BatchNorm statistics from its own activations, filters spread over a wide range of
+    max|w| (so groups get different scales), quantised on 32 images."""
+    torch.manual_seed(0)
+    model = build_model("resnet20")
+    for m in model.modules():
+        if isinstance(m, Adder2d):
+            m.weight.mul_(torch.linspace(0.01, 1.0, m.out_channels).view(-1, 1, 1, 1))
+        elif isinstance(m, torch.nn.BatchNorm2d):
+            m.momentum = None
+    model.train()
+    model(_images(32, 0))
+    model.eval()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(_images(32, 1), torch.zeros(32)),
+                                         batch_size=16)
+    return quantize_model(model, loader, OmegaConf.merge(QUANT_DEFAULTS, {"bits": bits, "groups": groups}))
+
+
+def _bn64(bn, y):
+    k = bn.weight.double() / (bn.running_var.double() + bn.eps).sqrt()
+    return y * k.view(1, -1, 1, 1) + (bn.bias.double() - bn.running_mean.double() * k).view(1, -1, 1, 1)
+
+
+def _qlayer64(q, x):
+    """-(s_o/(2^b-1)) sum|q_a - 2 q_w| + beta per filter, q_a = clip(round(x (2^b-1)/s_o)), in float64."""
+    lv, s = levels(int(q.bits)), q.scale[q.group].double()
+    ho = (x.shape[2] + 2 * q.padding[0] - q.kernel_size[0]) // q.stride[0] + 1
+    y = torch.empty(x.shape[0], ho * ho, q.out_channels, dtype=torch.float64)
+    for scale in set(s.tolist()):
+        members = (s == scale).nonzero().flatten()
+        a = (x * (lv / scale)).round().clamp(0, lv)
+        cols = F.unfold(a, q.kernel_size, padding=q.padding, stride=q.stride).transpose(1, 2)
+        w = 2 * q.qweight[members].double().flatten(1)
+        y[:, :, members] = -(scale / lv) * torch.cdist(cols, w.expand(x.shape[0], -1, -1), p=1)
+    return (y + q.bias_term.double()).transpose(1, 2).reshape(x.shape[0], q.out_channels, ho, -1)
+
+
+def _f32(t):
+    return t.float().double()
+
+
+@torch.no_grad()
+def _reference(model, x):
+    """The quantised ResNet in float64, with float32 where the integer network keeps a float copy (the stem
+    convolution's output, the residual operands, the tail)."""
+    h = F.relu(_bn64(model.bn1, model.conv1(x).double()))
+    for stage in (model.layer1, model.layer2, model.layer3):
+        for b in stage:
+            ident = _f32(h) if b.downsample is None else _f32(_bn64(b.downsample[1], _qlayer64(b.downsample[0], h)))
+            mid = F.relu(_bn64(b.bn1, _qlayer64(b.conv1, h)))
+            h = F.relu(_bn64(b.bn2, _qlayer64(b.conv2, mid)) + ident)
+    return _bn64(model.bn2, F.conv2d(F.avg_pool2d(_f32(h), 8), model.fc.weight.double())).flatten(1)
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).abs().max(1).values / b.double().abs().max(1).values).max().item()
+
+
+@pytest.fixture(scope="module", params=[8, 4, 12])
+def quantised(request):
+    return _quantised_resnet20(request.param)
+
+
+def test_groups_of_the_test_model_have_different_scales(quantised):
+    """The multi-plane path (one plane per scale, one call) is exercised: some layer has several scales."""
+    assert max(len(set(m.scale.tolist())) for m in quantised.modules() if isinstance(m, QAdder2d)) >= 3
+
+
+def test_integer_network_equals_the_float64_reference_of_the_quantised_model(quantised):
+    x = _images(6, 2)
+    net = IntegerResNet(quantised)
+    assert net.lane == (torch.uint8 if int(quantised.layer1[0].conv1.bits) <= 8 else torch.uint16)
+    ref = _reference(quantised, x)
+    got = net(x)
+    assert _rel(got, ref) < 3e-5, _rel(got, ref)  # the same levels everywhere: float32 rounding in the tail only
+    with torch.no_grad():
+        layers = quantised(x)
+    # the layer-by-layer model rounds in float32 before quantising: never closer to the exact values
+    assert _rel(got, ref) <= _rel(layers, ref) + 1e-6
+    assert (got.argmax(1) == layers.argmax(1)).float().mean() >= 5 / 6
+
+
+def test_batch_and_thread_splits_give_identical_outputs(quantised):
+    x = _images(5, 3)
+    net = IntegerResNet(quantised)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        whole = net.features(x)  # images split across threads
+        single = torch.cat([net.features(x[i:i + 1]) for i in range(5)])  # pixels of one image split
+        torch.set_num_threads(1)
+        serial = net.features(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(whole, single) and torch.equal(whole, serial)
+
+
+def test_inference_model_and_runtime_choices(quantised):
+    model, runtime = inference_model(quantised, "auto")
+    assert isinstance(model, IntegerResNet) and runtime == "integer network"
+    assert inference_model(quantised, "layers") == (quantised, "layers")
+    float_model = build_model("resnet20").eval()
+    assert inference_model(float_model, "auto") == (float_model, "layers")
+    for runtime, match in (("integer", "quant.runtime=integer: no integer network here"),
+                           ("fast", "quant.runtime='fast'")):
+        with pytest.raises(ConfigError, match=match) as e:
+            inference_model(float_model, runtime)
+        assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="not quantised adder layers"):
+        IntegerResNet(float_model)
+    with pytest.raises(RuntimeError, match="inference only"):
+        IntegerResNet(quantised).train()
+
+
+def test_load_quantized_returns_the_integer_network(tmp_path):
+    model = _quantised_resnet20(8)
+    path = save_quantized(tmp_path / "q8.pt", model, {"model": {"name": "resnet20", "layer": "adder"},
+                                                       "data": {"num_classes": 10, "in_channels": 3}}, {"bits": 8})
+    x = _images(4, 4)
+    net = load_quantized(path)
+    assert isinstance(net, IntegerResNet) and not net.training
+    assert torch.equal(net(x), IntegerResNet(model)(x))
+    layers = load_quantized(path, runtime="layers")
+    assert isinstance(layers.layer1[0].conv1, QAdder2d)
+    with torch.no_grad():
+        assert torch.equal(layers(x), model(x))
+
+
+OFFICIAL = SHARED / "official" / "ResNet20-AdderNet.pth"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (OFFICIAL.is_file() and CIFAR_SAMPLE.is_dir() and (SHARED / "cifar10-jpeg" / "train").is_dir()),
+                    reason=f"{SHARED} (official checkpoint, sample, cifar10-jpeg/train) absent: not in a user's clone")
+def test_official_resnet20_same_top1_as_the_layer_model_on_sample_images():
+    """8 bits, calibrated on 256 training images; 300 sample images (30 per class): at most 1% of the images
+    apart in the number correct from the QAdder2d model, the same prediction on at least 98% of them."""
+    from torchvision.datasets import ImageFolder
+
+    from addernet.checkpoint import load_checkpoint
+    from addernet.checkpoint.official import load_official
+    from addernet.data.transforms import build_transform
+    from helpers import compose
+
+    cfg = compose(["model=resnet20", "data=cifar10_folder", f"data.root={SHARED / 'cifar10-jpeg'}"], "test")
+    tf = build_transform(cfg.data, "val")
+    train = ImageFolder(str(SHARED / "cifar10-jpeg" / "train"), tf)
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
+    calib = torch.stack([train[i][0] for i in order[:256]])
+    sample = ImageFolder(str(CIFAR_SAMPLE), tf)
+    pick = [i for i, (_, y) in enumerate(sample.samples) if sum(1 for _, z in sample.samples[:i] if z == y) < 30]
+    x = torch.stack([sample[i][0] for i in pick])
+    y = torch.tensor([sample.samples[i][1] for i in pick])
+    model = build_model("resnet20")
+    load_official(model, load_checkpoint(OFFICIAL))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(calib, torch.zeros(256)), batch_size=128)
+    quantize_model(model.eval(), loader, OmegaConf.merge(QUANT_DEFAULTS, {"bits": 8}))
+    with torch.no_grad():
+        layers = model(x).argmax(1)
+    net = IntegerResNet(model)(x).argmax(1)
+    print(f"correct: integer network {int((net == y).sum())}, layers {int((layers == y).sum())}; "
+          f"same prediction {int((net == layers).sum())} of {len(y)}")
+    # the two differ only where the layers' float32 rounding moves a level (see the float64 test above)
+    assert abs(int((net == y).sum()) - int((layers == y).sum())) <= 3
+    assert (net == layers).float().mean() >= 0.98
