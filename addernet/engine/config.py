@@ -65,6 +65,9 @@ def check_config(cfg):
     check_sched(cfg.sched, int(cfg.trainer.epochs))
     if cfg.adaptive_lr.enabled:
         number(cfg.adaptive_lr, "eta", "adaptive_lr.eta", positive=True)
+    if "label_smoothing" in cfg.task and number(cfg.task, "label_smoothing", "task.label_smoothing") >= 1:
+        raise ConfigError(f"task.label_smoothing must be in [0, 1) (0: off; 0.1 is the usual value), got "
+                          f"{cfg.task.label_smoothing}.")
     if not isinstance(cfg.trainer.get("compile", False), bool):
         raise ConfigError(f"trainer.compile must be true or false, got {cfg.trainer.compile!r}.")
 

@@ -80,6 +80,11 @@ class TrainingTask:
         """dict(loss=scalar to minimise, output=student logits N x classes, **named scalar parts)."""
         raise NotImplementedError
 
+    @property
+    def label_smoothing(self):
+        """task.label_smoothing: applied to the cross-entropy on the labels (0: off)."""
+        return float(self.cfg.get("label_smoothing") or 0.0)
+
     def __call__(self, images, target):
         return self.forward(images, target)
 

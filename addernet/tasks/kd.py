@@ -2,6 +2,8 @@
 
     loss = (1 - alpha) * CE(z_s, y) + alpha * T^2 * KL(softmax(z_t / T) || softmax(z_s / T))
 
+CE takes task.label_smoothing (cross-entropy's own argument); the KL term does not.
+
 The teacher (addernet.tasks.teacher.load_teacher: any checkpoint test.py reads) runs in eval mode,
 under no_grad, on the same augmented batch and in the same autocast dtype as the student; it has no
 trainable parameters and is never in the optimizer. Its validation accuracy is reported every epoch
@@ -73,7 +75,7 @@ class KDTask(TrainingTask):
         with torch.no_grad(), self.autocast():
             teacher_logits = self.teacher(images)
         teacher_logits = teacher_logits.float().flatten(1)
-        logits, ce = logits_and_loss(self.net, images, target, self.amp)
+        logits, ce = logits_and_loss(self.net, images, target, self.amp, label_smoothing=self.label_smoothing)
         kd = kd_term(logits, teacher_logits, self.cfg.temperature)
         alpha = float(self.cfg.alpha)
         return {"loss": (1 - alpha) * ce + alpha * kd, "output": logits, "ce": ce.detach(), "kd": kd.detach(),
