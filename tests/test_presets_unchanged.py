@@ -16,6 +16,8 @@ REFERENCE = json.loads((Path(__file__).parent / "data" / "preset_configs.json").
 # key -> its off value (the new option is disabled)
 NEW_KEYS = {
     "task.label_smoothing": 0.0,
+    "trainer.clip_grad_norm": None,
+    "trainer.accumulate": 1,
 }
 
 

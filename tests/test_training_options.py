@@ -1,6 +1,7 @@
 """The optional training features (each off by default): their results against independent references.
 
-Label smoothing is checked against the closed form of the smoothed cross-entropy in float64.
+Label smoothing is checked against the closed form of the smoothed cross-entropy in float64; accumulation and
+clipping against a whole-batch step written out with torch's SGD (and under DDP, with the all-reduces counted).
 """
 import pytest
 import torch
@@ -64,7 +65,114 @@ def test_label_smoothing_in_kd_applies_to_the_ce_term_only(tmp_path):
 @pytest.mark.parametrize("override, message", [
     ("task.label_smoothing=1.0", "task.label_smoothing must be in [0, 1)"),
     ("task.label_smoothing=-0.1", "task.label_smoothing must be a non-negative number"),
+    ("trainer.clip_grad_norm=0", "trainer.clip_grad_norm (or null: off) must be a positive number"),
+    ("trainer.accumulate=0", "trainer.accumulate must be an integer >= 1"),
+    ("trainer.accumulate=5", "use data.batch_size >= 10 or a smaller trainer.accumulate"),
 ])
 def test_bad_option_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         check_config(compose(LENET + [override]))
+
+
+# ---- trainer.accumulate and trainer.clip_grad_norm: one optimizer step against plain references ----
+
+def _small_net():
+    from ddp_adaptive_lr_worker import build_model
+    return build_model()  # GroupNorm, no BatchNorm: the split of a batch cannot change the maths
+
+
+def _batches(n=7, steps=2):
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g))
+            for _ in range(steps)]
+
+
+def _engine_steps(batches, accumulate=1, clip=None, scaler_enabled=False, adaptive=True):
+    from addernet import AdaptiveLR
+    from addernet.engine.loop import LossWatch
+    from addernet.engine.meters import MetricSums
+    from addernet.engine.step import Stepper
+    model = _small_net()
+    cfg = compose(LENET)
+    task = build_task(model, cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    alr = AdaptiveLR(model, 0.2).attach(opt) if adaptive else None
+    scaler = torch.amp.GradScaler("cpu", enabled=scaler_enabled)
+    stepper = Stepper(task, opt, scaler, alr, accumulate, clip)
+    sums, watch = MetricSums(), LossWatch("cpu")
+    task.train()
+    for step, (x, y) in enumerate(batches, 1):
+        stepper(x, y, sums, watch, step)
+    return model, sums.compute()
+
+
+def _reference_steps(batches, clip=None):
+    """Whole-batch mean CE, backward, clip the non-adder gradients by torch's formula, normalise each adder
+    weight gradient to eta * sqrt(k) (Eq. 12-13), then a plain torch SGD step: all written out here."""
+    import math
+    from addernet import Adder2d
+    model = _small_net()
+    adder = {id(m.weight) for m in model.modules() if isinstance(m, Adder2d)}
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x).float(), y).backward()  # the tasks' float32 logits
+        others = [p for p in model.parameters() if id(p) not in adder]
+        if clip is not None:
+            norm = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in others))
+            for p in others:
+                p.grad.mul_(min(1.0, clip / (norm + 1e-6)))
+        for p in model.parameters():
+            if id(p) in adder:
+                p.grad.mul_(0.2 * math.sqrt(p.grad.numel()) / p.grad.norm())
+        opt.step()
+    return model
+
+
+def _assert_same_weights(a, b, rtol=1e-6):
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(x, y, rtol=rtol, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_accumulated_micro_batches_give_the_whole_batch_update(accumulate):
+    batches = _batches(n=7)  # 7 samples in 3 micro-batches: 3 + 2 + 2 (uneven shares are weighted)
+    model, sums = _engine_steps(batches, accumulate=accumulate)
+    _assert_same_weights(model, _reference_steps(batches))
+    assert sums["n"] == 14
+
+
+@pytest.mark.parametrize("scaler_enabled", [False, True])
+def test_clip_grad_norm_clips_the_unscaled_non_adder_gradients(scaler_enabled):
+    batches = _batches(n=6)
+    clipped = _reference_steps(batches, clip=0.05)
+    plain = _reference_steps(batches)
+    assert not torch.allclose(clipped.fc.weight, plain.fc.weight)  # the bound is active on this data
+    model, _ = _engine_steps(batches, accumulate=2, clip=0.05, scaler_enabled=scaler_enabled)
+    _assert_same_weights(model, clipped)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_ddp_accumulation_all_reduces_once_per_step_and_equals_the_whole_batch(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+    from helpers import REPO
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", "--master_addr",
+           "127.0.0.1", "--master_port", str(port), str(REPO / "tests" / "ddp_options_worker.py"), str(tmp_path), "2"]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from ddp_options_worker import batches
+    reference = _reference_steps(batches())
+    for rank in range(2):
+        result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
+        assert result["allreduces"] == 2  # 2 steps x 2 micro-batches: only each step's last one all-reduces
+        model = _small_net()
+        model.load_state_dict(result["state"])
+        _assert_same_weights(model, reference)

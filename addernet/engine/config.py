@@ -68,6 +68,13 @@ def check_config(cfg):
     if "label_smoothing" in cfg.task and number(cfg.task, "label_smoothing", "task.label_smoothing") >= 1:
         raise ConfigError(f"task.label_smoothing must be in [0, 1) (0: off; 0.1 is the usual value), got "
                           f"{cfg.task.label_smoothing}.")
+    if cfg.trainer.get("clip_grad_norm") is not None:
+        number(cfg.trainer, "clip_grad_norm", "trainer.clip_grad_norm (or null: off)", positive=True)
+    accumulate = number(cfg.trainer, "accumulate", "trainer.accumulate", minimum=1, integer=True)
+    if int(cfg.data.batch_size) < 2 * accumulate:
+        raise ConfigError(f"trainer.accumulate={accumulate} splits data.batch_size={cfg.data.batch_size} into "
+                          f"micro-batches of fewer than 2 samples (BatchNorm needs 2); use data.batch_size >= "
+                          f"{2 * accumulate} or a smaller trainer.accumulate.")
     if not isinstance(cfg.trainer.get("compile", False), bool):
         raise ConfigError(f"trainer.compile must be true or false, got {cfg.trainer.compile!r}.")
 

@@ -29,6 +29,7 @@ from .meters import MetricSums
 from .outputs import RunOutputs, extra_keys, setup_logging
 from .resume import StopFlag, fresh_state, restore, resume_path
 from .rundir import RunDirBusy, lock_run_dir, log_failure, remove_stale_temporaries
+from .step import Stepper
 
 log = logging.getLogger("addernet.train")
 
@@ -142,6 +143,13 @@ class Run:
             self.task.distribute(lambda m: nn.parallel.DistributedDataParallel(
                 m, device_ids=[device.index] if device.type == "cuda" else None))
         self.sums = MetricSums(device)
+        accumulate = int(cfg.trainer.accumulate)
+        if int(cfg.data.batch_size) // self.world < 2 * accumulate:
+            raise ConfigError(f"trainer.accumulate={accumulate} splits each process's batch of "
+                              f"{int(cfg.data.batch_size) // self.world} into micro-batches of fewer than 2 samples "
+                              f"(BatchNorm needs 2); use a larger data.batch_size or a smaller trainer.accumulate.")
+        self.stepper = Stepper(self.task, self.optimizer, self.scaler, self.adaptive, accumulate,
+                               cfg.trainer.clip_grad_norm)
 
     def checkpoint(self, step, sums, rng):
         """The full training state; ``rng`` holds every rank's RNG states for a mid-epoch resume."""
