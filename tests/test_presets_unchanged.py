@@ -18,6 +18,7 @@ NEW_KEYS = {
     "task.label_smoothing": 0.0,
     "trainer.clip_grad_norm": None,
     "trainer.accumulate": 1,
+    "trainer.ema_decay": None,
 }
 
 

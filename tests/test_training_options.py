@@ -66,6 +66,7 @@ def test_label_smoothing_in_kd_applies_to_the_ce_term_only(tmp_path):
     ("task.label_smoothing=1.0", "task.label_smoothing must be in [0, 1)"),
     ("task.label_smoothing=-0.1", "task.label_smoothing must be a non-negative number"),
     ("trainer.clip_grad_norm=0", "trainer.clip_grad_norm (or null: off) must be a positive number"),
+    ("trainer.ema_decay=1.0", "trainer.ema_decay must be in (0, 1)"),
     ("trainer.accumulate=0", "trainer.accumulate must be an integer >= 1"),
     ("trainer.accumulate=5", "use data.batch_size >= 10 or a smaller trainer.accumulate"),
 ])
@@ -176,3 +177,75 @@ def test_ddp_accumulation_all_reduces_once_per_step_and_equals_the_whole_batch(t
         model = _small_net()
         model.load_state_dict(result["state"])
         _assert_same_weights(model, reference)
+
+
+# ---- trainer.ema_decay ----
+
+@pytest.mark.parametrize("layer", ["adder", "conv"])
+def test_ema_is_the_recurrence_over_the_weights_and_batchnorm_buffers_after_each_step(layer):
+    from addernet.engine.ema import WeightEMA
+    from addernet.engine.loop import LossWatch
+    from addernet.engine.meters import MetricSums
+    from addernet.engine.step import Stepper
+    cfg = compose(LENET + [f"model.layer={layer}"])
+    torch.manual_seed(0)
+    model = model_from_config(cfg)
+    task = build_task(model, cfg).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ema = WeightEMA(model, 0.7)
+    stepper = Stepper(task, opt, torch.amp.GradScaler("cpu", enabled=False), ema=ema)
+    g = torch.Generator().manual_seed(2)
+    expected = None
+    for step in range(1, 4):
+        x, y = torch.randn(6, 3, 28, 28, generator=g), torch.randint(0, 10, (6,), generator=g)
+        stepper(x, y, MetricSums(), LossWatch("cpu"), step)
+        now = {k: v.double() for k, v in model.state_dict().items() if v.is_floating_point()}
+        expected = now if expected is None else {k: 0.7 * expected[k] + 0.3 * now[k] for k in now}
+    got = ema.module.state_dict()
+    assert any("running_var" in k for k in expected)  # BatchNorm buffers are averaged too
+    for k, v in expected.items():
+        torch.testing.assert_close(got[k].double(), v, rtol=1e-6, atol=1e-7, msg=k)
+    assert not torch.allclose(got["fc3.weight"], model.state_dict()["fc3.weight"])
+
+
+def _options_args(root, run=None, *extra):
+    args = ["data=cifar10_folder", f"data.root={root}", "data.num_classes=4", "data.batch_size=16",
+            "data.image_size=28", "model=lenet5_bn", "data.num_workers=0", "data.pin_memory=false",
+            "trainer.epochs=2", "trainer.deterministic=true", "trainer.progress=false", "trainer.log_every=1",
+            "trainer.seed=3", "trainer.amp=bf16", "trainer.ema_decay=0.9", "trainer.accumulate=2",
+            "trainer.clip_grad_norm=1.0", "task.label_smoothing=0.1", *extra]
+    return args + ([f"hydra.run.dir={run}"] if run else [])
+
+
+@pytest.mark.slow
+def test_options_together_resume_exactly_after_sigterm_and_test_py_evaluates_the_ema(tmp_path, jpeg_cifar):
+    import json
+    import signal
+    from addernet.checkpoint import load_checkpoint
+    from addernet.engine import train
+    from helpers import metrics_without_timing, run_train, signal_at, start_train
+    reference = tmp_path / "reference"
+    train(compose(_options_args(jpeg_cifar)), str(reference))
+    run = tmp_path / "interrupted"
+    proc = start_train(_options_args(jpeg_cifar, run))  # SIGTERM mid-epoch 2: a mid-epoch last.pt
+    assert signal_at(proc, run / "train.log", "epoch 2/2 step 1/3", signal.SIGTERM) == 143, proc.stderr.read()[-2000:]
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] >= 1
+    proc = start_train(_options_args(jpeg_cifar, run))
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
+
+    records = metrics_without_timing(run / "metrics.jsonl")
+    assert records == metrics_without_timing(reference / "metrics.jsonl")
+    assert {"ema_val_loss", "ema_val_top1", "ema_val_top5"} <= set(records[-1])
+    ref, got = (load_checkpoint(r / "checkpoints" / "last.pt") for r in (reference, run))
+    assert set(got["ema"]) == set(ref["ema"]) and all(torch.equal(ref["ema"][k], got["ema"][k]) for k in ref["ema"])
+    assert got["ema"]["n_averaged"].item() == 6  # 2 epochs x 3 steps
+    # test.py ema=true evaluates the stored average: the logged ema_val_* of the last epoch
+    out = run_train([f"checkpoint={run / 'checkpoints' / 'last.pt'}", "ema=true", "trainer.progress=false",
+                     "data.num_workers=0", "trainer.amp=bf16"], script=("test.py",))
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["top1"] == records[-1]["ema_val_top1"] and result["loss"] == pytest.approx(records[-1]["ema_val_loss"])
+    plain = run_train([f"checkpoint={run / 'checkpoints' / 'last.pt'}", "trainer.progress=false",
+                       "data.num_workers=0", "trainer.amp=bf16"], script=("test.py",))
+    assert json.loads(plain.stdout.strip().splitlines()[-1])["loss"] == pytest.approx(records[-1]["val_loss"])
+    assert result["loss"] != pytest.approx(records[-1]["val_loss"])  # the average is not the last weights

@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 from ..checks import choice, number
 from ..errors import ConfigError
 from ..optim import check_optim, check_sched
+from .ema import check_ema_decay
 from .evaluate import AMP_DTYPES
 
 TRAIN_GROUPS = ("model", "data", "optim", "sched", "trainer", "adaptive_lr", "task")
@@ -70,6 +71,7 @@ def check_config(cfg):
                           f"{cfg.task.label_smoothing}.")
     if cfg.trainer.get("clip_grad_norm") is not None:
         number(cfg.trainer, "clip_grad_norm", "trainer.clip_grad_norm (or null: off)", positive=True)
+    check_ema_decay(cfg.trainer)
     accumulate = number(cfg.trainer, "accumulate", "trainer.accumulate", minimum=1, integer=True)
     if int(cfg.data.batch_size) < 2 * accumulate:
         raise ConfigError(f"trainer.accumulate={accumulate} splits data.batch_size={cfg.data.batch_size} into "

@@ -20,6 +20,7 @@ from ..data import build_loader, check_classes, take_skipped
 from ..errors import CheckpointError, ConfigError
 from ..quant import is_quantized_state, prepare_quantized, quantize_for_eval
 from .config import check_eval_config, check_known_keys, check_stored_model, device_type, model_from_config
+from .ema import ema_weights
 from .evaluate import evaluate
 from .outputs import json_line
 
@@ -154,6 +155,8 @@ def evaluate_checkpoint(cfg, overrides):
     if dist.env_rank() == 0:
         check_results_file(cfg.get("results_file"))
     state, stored, kind, classes = open_checkpoint(path, model_name=cfg.model.name)
+    if cfg.get("ema"):
+        state = ema_weights(load_checkpoint(path, map_location="cpu"), path)
     if stored is not None:
         cfg = effective_config(cfg, stored, overrides)
     check_eval_config(cfg)

@@ -23,6 +23,7 @@ from ..data import build_dataset, build_loader, check_classes, class_names, num_
 from ..errors import ConfigError, NonFiniteLoss
 from ..optim import AdaptiveLR, build_optimizer, build_scheduler
 from .config import check_config, device_type, model_from_config
+from .ema import WeightEMA, check_ema_decay
 from .evaluate import evaluate
 from .loop import last_good, non_finite_state, train_epoch
 from .meters import MetricSums
@@ -148,18 +149,23 @@ class Run:
             raise ConfigError(f"trainer.accumulate={accumulate} splits each process's batch of "
                               f"{int(cfg.data.batch_size) // self.world} into micro-batches of fewer than 2 samples "
                               f"(BatchNorm needs 2); use a larger data.batch_size or a smaller trainer.accumulate.")
+        decay = check_ema_decay(cfg.trainer)
+        self.ema = WeightEMA(self.model, decay) if decay is not None else None
         self.stepper = Stepper(self.task, self.optimizer, self.scaler, self.adaptive, accumulate,
-                               cfg.trainer.clip_grad_norm)
+                               cfg.trainer.clip_grad_norm, self.ema)
 
     def checkpoint(self, step, sums, rng):
         """The full training state; ``rng`` holds every rank's RNG states for a mid-epoch resume."""
         s = self.state
-        return training_checkpoint(
+        ckpt = training_checkpoint(
             model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
             scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict(), epoch=s["epoch"], step=step,
             best_top1=s["best_top1"], best_epoch=s["best_epoch"], history=s["history"],
             train_sums=sums.state_dict(), rng=rng, config=self.resolved, world_size=self.world,
             task=self.task.state_dict(), classes=self.classes)
+        if self.ema is not None:
+            ckpt["ema"] = self.ema.state_dict()
+        return ckpt
 
     def fit(self):
         cfg = self.cfg
@@ -199,7 +205,8 @@ class Run:
         record = {"epoch": epoch + 1, "lr": lr, "train_loss": train["loss"], "train_top1": train["top1"],
                   "val_loss": val["loss"], "val_top1": val["top1"], "val_top5": val["top5"], "val_n": val["n"]}
         record.update({f"train_{k}": v for k, v in train.items() if k not in ("loss", "top1", "top5", "n")})
-        for name, extra in self.task.eval_models().items():
+        models = dict(self.task.eval_models(), **({"ema": self.ema.module} if self.ema is not None else {}))
+        for name, extra in models.items():
             other = evaluate(extra, self.val_loader, self.device, amp=self.amp,
                              channels_last=bool(self.cfg.trainer.channels_last))
             record.update({f"{name}_val_{k}": other[k] for k in ("loss", "top1", "top5")})

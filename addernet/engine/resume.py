@@ -93,6 +93,10 @@ def restore(run, path):
                  hint=f"(built from model.name={cfg.model.name} model.layer={cfg.model.layer}; resume with the "
                       f"run's own model and data settings, or start a fresh run dir)")
     run.task.load_state_dict(ckpt.get("task", {}), source=path)
+    if run.ema is not None and ckpt.get("ema"):
+        run.ema.load_state_dict(ckpt["ema"])
+    elif run.ema is not None:
+        log.warning("%s holds no weight average: trainer.ema_decay starts one from the resumed weights", path)
     run.optimizer.load_state_dict(ckpt["optimizer"])
     run.scheduler.load_state_dict(ckpt["scheduler"])
     run.scaler.load_state_dict(ckpt["scaler"])
