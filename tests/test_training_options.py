@@ -213,7 +213,7 @@ def _options_args(root, run=None, *extra):
             "data.image_size=28", "model=lenet5_bn", "data.num_workers=0", "data.pin_memory=false",
             "trainer.epochs=2", "trainer.deterministic=true", "trainer.progress=false", "trainer.log_every=1",
             "trainer.seed=3", "trainer.amp=bf16", "trainer.ema_decay=0.9", "trainer.accumulate=2",
-            "trainer.clip_grad_norm=1.0", "task.label_smoothing=0.1", *extra]
+            "trainer.clip_grad_norm=1.0", "task.label_smoothing=0.1", "trainer.precise_bn=2", *extra]
     return args + ([f"hydra.run.dir={run}"] if run else [])
 
 
@@ -236,6 +236,7 @@ def test_options_together_resume_exactly_after_sigterm_and_test_py_evaluates_the
     records = metrics_without_timing(run / "metrics.jsonl")
     assert records == metrics_without_timing(reference / "metrics.jsonl")
     assert {"ema_val_loss", "ema_val_top1", "ema_val_top5"} <= set(records[-1])
+    assert "precise_bn_seconds" in json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     ref, got = (load_checkpoint(r / "checkpoints" / "last.pt") for r in (reference, run))
     assert set(got["ema"]) == set(ref["ema"]) and all(torch.equal(ref["ema"][k], got["ema"][k]) for k in ref["ema"])
     assert got["ema"]["n_averaged"].item() == 6  # 2 epochs x 3 steps
@@ -249,3 +250,72 @@ def test_options_together_resume_exactly_after_sigterm_and_test_py_evaluates_the
                        "data.num_workers=0", "trainer.amp=bf16"], script=("test.py",))
     assert json.loads(plain.stdout.strip().splitlines()[-1])["loss"] == pytest.approx(records[-1]["val_loss"])
     assert result["loss"] != pytest.approx(records[-1]["val_loss"])  # the average is not the last weights
+
+
+# ---- trainer.precise_bn ----
+
+@pytest.mark.parametrize("layer", ["adder", "conv"])
+def test_precise_bn_sets_the_statistics_to_the_batch_average_at_the_current_weights(layer):
+    from addernet.engine.precise_bn import precise_bn
+    cfg = compose(LENET + [f"model.layer={layer}"])
+    torch.manual_seed(0)
+    model = model_from_config(cfg).train()
+    g = torch.Generator().manual_seed(4)
+    batches = [(torch.randn(6, 3, 28, 28, generator=g) * 2 + 1, torch.zeros(6, dtype=torch.long)) for _ in range(4)]
+    bn = model.bn2  # after the second (adder or conv) layer: inputs of size ~1e2..1e4 for adder
+    inputs = []
+    handle = bn.register_forward_pre_hook(lambda m, args: inputs.append(args[0].detach().double()))
+    precise_bn(model, batches, 3, "cpu")  # the first 3 of the 4 batches
+    handle.remove()
+    assert len(inputs) == 3 and model.training  # the model's mode is kept
+    mean = torch.stack([x.mean((0, 2, 3)) for x in inputs]).mean(0)
+    var = torch.stack([x.var((0, 2, 3), unbiased=True) for x in inputs]).mean(0)
+    torch.testing.assert_close(bn.running_mean.double(), mean, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(bn.running_var.double(), var, rtol=1e-5, atol=1e-3)
+    assert bn.running_mean.abs().max() > (1e2 if layer == "adder" else 0)
+
+
+# ---- data.train_size / data.val_size, experiment=debug ----
+
+def _pairs(ds):
+    return [(bytes(x.numpy().tobytes()), int(y)) for x, y in (ds[i] for i in range(len(ds)))]
+
+
+def test_train_and_val_size_take_the_same_seeded_subset_of_any_dataset_kind(tmp_path, monkeypatch, jpeg_cifar):
+    from addernet.data import build_dataset
+    from helpers import trust_cifar10_md5, write_cifar10
+    written = write_cifar10(tmp_path / "c", n_train=40, n_test=30)
+    trust_cifar10_md5(monkeypatch, written["md5"])
+    kinds = [["data=cifar10", f"data.root={tmp_path / 'c'}", "data.download=false", "data.transform=plain"],
+             ["data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.transform=plain"]]
+    for args in kinds:
+        full = compose(args)
+        small = compose(args + ["data.train_size=10", "data.val_size=7", "trainer.seed=5"])
+        for split, n in (("train", 10), ("val", 7)):
+            whole, part = _pairs(build_dataset(full.data, split)), _pairs(build_dataset(small.data, split))
+            assert len(part) == n and len(set(part)) == n and set(part) <= set(whole)  # images keep their labels
+            assert part == _pairs(build_dataset(compose(args + [f"data.{split}_size={n}"]).data, split))
+        assert build_dataset(small.data, "train").classes == build_dataset(full.data, "train").classes
+
+
+def test_train_size_larger_than_the_set_is_a_data_error(jpeg_cifar):
+    from addernet.data import build_dataset
+    from addernet.errors import DataError
+    cfg = compose(["data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.train_size=49"])
+    with pytest.raises(DataError, match="data.train_size=49 is more than the 48 images"):
+        build_dataset(cfg.data, "train")
+
+
+def test_debug_preset_is_one_deterministic_epoch_of_a_few_batches(tmp_path, jpeg_cifar):
+    from addernet.engine import train
+    from helpers import metrics_without_timing
+    args = ["experiment=debug", "data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4",
+            "model=lenet5_bn", "data.image_size=28", "trainer.device=cpu",
+            "data.train_size=32", "data.val_size=20"]  # the fixture has 48 / 37 images
+    for name in ("a", "b"):
+        train(compose(args), str(tmp_path / name))
+    records = metrics_without_timing(tmp_path / "a" / "metrics.jsonl")
+    assert records == metrics_without_timing(tmp_path / "b" / "metrics.jsonl")
+    assert len(records) == 1 and records[0]["val_n"] == 20
+    log = (tmp_path / "a" / "train.log").read_text()
+    assert "step 2/2 " in log and "step 3/" not in log  # 32 images in batches of 16

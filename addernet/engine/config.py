@@ -72,6 +72,7 @@ def check_config(cfg):
     if cfg.trainer.get("clip_grad_norm") is not None:
         number(cfg.trainer, "clip_grad_norm", "trainer.clip_grad_norm (or null: off)", positive=True)
     check_ema_decay(cfg.trainer)
+    number(cfg.trainer, "precise_bn", "trainer.precise_bn (training batches; 0: off)", integer=True)
     accumulate = number(cfg.trainer, "accumulate", "trainer.accumulate", minimum=1, integer=True)
     if int(cfg.data.batch_size) < 2 * accumulate:
         raise ConfigError(f"trainer.accumulate={accumulate} splits data.batch_size={cfg.data.batch_size} into "

@@ -28,6 +28,7 @@ from .evaluate import evaluate
 from .loop import last_good, non_finite_state, train_epoch
 from .meters import MetricSums
 from .outputs import RunOutputs, extra_keys, setup_logging
+from .precise_bn import has_batchnorm, precise_bn
 from .resume import StopFlag, fresh_state, restore, resume_path
 from .rundir import RunDirBusy, lock_run_dir, log_failure, remove_stale_temporaries
 from .step import Stepper
@@ -200,6 +201,10 @@ class Run:
         take_skipped(self.train_loader)
         seen, seconds = train_epoch(self, epoch, start_step)
         train = self.sums.all_reduce().compute()
+        bn_batches = int(self.cfg.trainer.precise_bn)
+        if bn_batches and has_batchnorm(self.model):
+            bn_seconds = precise_bn(self.model, self.train_loader, bn_batches, self.device, self.amp,
+                                    self.memory_format, progress=self.main and bool(self.cfg.trainer.progress))
         val = evaluate(self.task.net, self.val_loader, self.device, amp=self.amp,
                        channels_last=bool(self.cfg.trainer.channels_last))
         record = {"epoch": epoch + 1, "lr": lr, "train_loss": train["loss"], "train_top1": train["top1"],
@@ -210,6 +215,8 @@ class Run:
             other = evaluate(extra, self.val_loader, self.device, amp=self.amp,
                              channels_last=bool(self.cfg.trainer.channels_last))
             record.update({f"{name}_val_{k}": other[k] for k in ("loss", "top1", "top5")})
+        if bn_batches and has_batchnorm(self.model):
+            record["precise_bn_seconds"] = bn_seconds
         skipped = take_skipped(self.train_loader), take_skipped(self.val_loader)
         if any(skipped):
             log.warning("epoch %d: skipped %d unreadable training and %d validation image(s) (data.skip_corrupt=true)",
