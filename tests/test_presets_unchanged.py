@@ -22,6 +22,8 @@ NEW_KEYS = {
     "trainer.precise_bn": 0,
     "data.train_size": None,
     "data.val_size": None,
+    "data.auto_augment": None,
+    "data.random_erasing": 0.0,
 }
 
 

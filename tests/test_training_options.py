@@ -67,6 +67,8 @@ def test_label_smoothing_in_kd_applies_to_the_ce_term_only(tmp_path):
     ("task.label_smoothing=-0.1", "task.label_smoothing must be a non-negative number"),
     ("trainer.clip_grad_norm=0", "trainer.clip_grad_norm (or null: off) must be a positive number"),
     ("trainer.ema_decay=1.0", "trainer.ema_decay must be in (0, 1)"),
+    ("data.auto_augment=augmix", "data.auto_augment (or null: off)='augmix' is not valid"),
+    ("data.random_erasing=2", "data.random_erasing is a probability in [0, 1]"),
     ("trainer.accumulate=0", "trainer.accumulate must be an integer >= 1"),
     ("trainer.accumulate=5", "use data.batch_size >= 10 or a smaller trainer.accumulate"),
 ])
@@ -319,3 +321,45 @@ def test_debug_preset_is_one_deterministic_epoch_of_a_few_batches(tmp_path, jpeg
     assert len(records) == 1 and records[0]["val_n"] == 20
     log = (tmp_path / "a" / "train.log").read_text()
     assert "step 2/2 " in log and "step 3/" not in log  # 32 images in batches of 16
+
+
+# ---- data.auto_augment, data.random_erasing ----
+
+def _fake_image(seed=0):
+    from PIL import Image
+    g = torch.Generator().manual_seed(seed)
+    return Image.fromarray(torch.randint(0, 256, (32, 32, 3), generator=g, dtype=torch.uint8).numpy())
+
+
+def test_random_erasing_zeroes_one_rectangle_of_the_normalised_training_image():
+    from addernet.data.transforms import build_transform
+    cfg = compose(["data=fake", "data.random_erasing=1.0"])
+    image = _fake_image()
+    plain = build_transform(compose(["data=fake"]).data, "train")(image)
+    erased = build_transform(cfg.data, "train")(image)
+    changed = (erased != plain).any(0)
+    rows, cols = changed.any(1).nonzero().flatten(), changed.any(0).nonzero().flatten()
+    box = (slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1))
+    assert changed[box].all() and changed.sum() == changed[box].numel()  # one filled rectangle
+    assert (erased[:, box[0], box[1]] == 0).all()
+    torch.testing.assert_close(build_transform(cfg.data, "val")(image), plain)  # validation is never erased
+
+
+@pytest.mark.parametrize("name", ["randaugment", "trivialaugment", "autoaugment"])
+def test_auto_augment_changes_training_images_only_and_trains(name, tmp_path):
+    from addernet.data.transforms import build_transform
+    from addernet.engine import train
+    cfg = compose(LENET + [f"data.auto_augment={name}"])
+    image = _fake_image().resize((28, 28))
+    plain = build_transform(compose(LENET).data, "train")(image)
+    torch.manual_seed(0)
+    outs = [build_transform(cfg.data, "train")(image) for _ in range(8)]
+    assert any(not torch.equal(o, plain) for o in outs)
+    torch.testing.assert_close(build_transform(cfg.data, "val")(image), build_transform(compose(LENET).data, "val")(image))
+    summary = train(cfg, str(tmp_path / "run"))
+    assert summary["epochs"] == 1
+
+
+def test_on_device_refuses_the_pil_augmentations_with_a_message():
+    with pytest.raises(ConfigError, match="data.on_device=true implements the crop and flip"):
+        check_config(compose(LENET + ["data.on_device=true", "data.auto_augment=randaugment"]))

@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ..checks import choice, number
+from ..data.transforms import AUTO_AUGMENT
 from ..errors import ConfigError
 from ..optim import check_optim, check_sched
 from .ema import check_ema_decay
@@ -72,6 +73,14 @@ def check_config(cfg):
     if cfg.trainer.get("clip_grad_norm") is not None:
         number(cfg.trainer, "clip_grad_norm", "trainer.clip_grad_norm (or null: off)", positive=True)
     check_ema_decay(cfg.trainer)
+    if cfg.data.get("auto_augment") is not None:
+        choice(cfg.data, "auto_augment", "data.auto_augment (or null: off)", AUTO_AUGMENT)
+    if number(cfg.data, "random_erasing", "data.random_erasing") > 1:
+        raise ConfigError(f"data.random_erasing is a probability in [0, 1] (0: off), got {cfg.data.random_erasing}.")
+    augment = [f"data.{k}={cfg.data.get(k)}" for k in ("auto_augment", "random_erasing") if cfg.data.get(k)]
+    if cfg.data.get("on_device") and augment:
+        raise ConfigError(f"data.on_device=true implements the crop and flip of data.transform only, not "
+                          f"{' '.join(augment)}; use data.on_device=false (the DataLoader path) for that augmentation.")
     number(cfg.trainer, "precise_bn", "trainer.precise_bn (training batches; 0: off)", integer=True)
     accumulate = number(cfg.trainer, "accumulate", "trainer.accumulate", minimum=1, integer=True)
     if int(cfg.data.batch_size) < 2 * accumulate:
