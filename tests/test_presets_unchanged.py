@@ -24,6 +24,8 @@ NEW_KEYS = {
     "data.val_size": None,
     "data.auto_augment": None,
     "data.random_erasing": 0.0,
+    "data.mixup_alpha": 0.0,
+    "data.cutmix_alpha": 0.0,
 }
 
 

@@ -5,6 +5,7 @@ clipping against a whole-batch step written out with torch's SGD (and under DDP,
 """
 import pytest
 import torch
+import torch.nn.functional as F
 
 from addernet.engine import model_from_config
 from addernet.errors import ConfigError
@@ -69,6 +70,7 @@ def test_label_smoothing_in_kd_applies_to_the_ce_term_only(tmp_path):
     ("trainer.ema_decay=1.0", "trainer.ema_decay must be in (0, 1)"),
     ("data.auto_augment=augmix", "data.auto_augment (or null: off)='augmix' is not valid"),
     ("data.random_erasing=2", "data.random_erasing is a probability in [0, 1]"),
+    ("data.mixup_alpha=-1", "data.mixup_alpha (0: off) must be a non-negative number"),
     ("trainer.accumulate=0", "trainer.accumulate must be an integer >= 1"),
     ("trainer.accumulate=5", "use data.batch_size >= 10 or a smaller trainer.accumulate"),
 ])
@@ -363,3 +365,44 @@ def test_auto_augment_changes_training_images_only_and_trains(name, tmp_path):
 def test_on_device_refuses_the_pil_augmentations_with_a_message():
     with pytest.raises(ConfigError, match="data.on_device=true implements the crop and flip"):
         check_config(compose(LENET + ["data.on_device=true", "data.auto_augment=randaugment"]))
+
+
+# ---- data.mixup_alpha, data.cutmix_alpha ----
+
+@pytest.mark.parametrize("mix", [["data.mixup_alpha=0.4"], ["data.cutmix_alpha=1.0"]])
+def test_mixed_batches_train_on_soft_targets_and_count_top1_against_the_dominant_label(mix):
+    import copy
+    from addernet.data.mix import build_mix
+    from addernet.engine.loop import LossWatch
+    from addernet.engine.meters import MetricSums
+    from addernet.engine.step import Stepper
+    cfg = compose(LENET + ["data.num_classes=5", *mix])
+    model = _small_net().float()
+    task = build_task(model, cfg).train()
+    before = copy.deepcopy(model)
+    x, y = torch.randn(8, 3, 8, 8, generator=torch.Generator().manual_seed(5)), torch.arange(8) % 5
+    torch.manual_seed(7)
+    mixed, soft = build_mix(cfg.data)(x, y)
+    # the mix is a convex combination of each sample with the batch rolled by one, labels likewise
+    lam = soft[torch.arange(8), y]
+    assert torch.allclose(soft.sum(1), torch.ones(8)) and ((0 <= lam) & (lam <= 1)).all()
+    torch.testing.assert_close(soft, lam[:, None] * F.one_hot(y, 5) + (1 - lam[:, None]) * F.one_hot(y.roll(1), 5))
+    if "mixup" in mix[0]:
+        torch.testing.assert_close(mixed, lam[:, None, None, None] * x + (1 - lam[:, None, None, None]) * x.roll(1, 0))
+    logits = before(mixed).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    stepper = Stepper(task, opt, torch.amp.GradScaler("cpu", enabled=False), mix=build_mix(cfg.data))
+    sums = MetricSums()
+    torch.manual_seed(7)  # the same draw inside the step
+    stepper(x, y, sums, LossWatch("cpu"), 1)
+    got = sums.compute()
+    expected_loss = -(soft.double() * torch.log_softmax(logits, 1)).sum(1).mean()
+    assert got["loss"] == pytest.approx(expected_loss.item(), rel=1e-5)
+    assert got["top1"] == pytest.approx(100 * (logits.argmax(1) == soft.argmax(1)).double().mean().item())
+
+
+def test_mixup_and_cutmix_train_adder_lenet_with_kd_targets(tmp_path):
+    from addernet.engine import train
+    summary = train(compose(LENET + ["data.mixup_alpha=0.2", "data.cutmix_alpha=1.0", "task=pkkd"]),
+                    str(tmp_path / "run"))
+    assert summary["epochs"] == 1 and 0 <= summary["final"]["train_teacher_top1"] <= 100

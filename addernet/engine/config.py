@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ..checks import choice, number
+from ..data.mix import build_mix
 from ..data.transforms import AUTO_AUGMENT
 from ..errors import ConfigError
 from ..optim import check_optim, check_sched
@@ -77,6 +78,7 @@ def check_config(cfg):
         choice(cfg.data, "auto_augment", "data.auto_augment (or null: off)", AUTO_AUGMENT)
     if number(cfg.data, "random_erasing", "data.random_erasing") > 1:
         raise ConfigError(f"data.random_erasing is a probability in [0, 1] (0: off), got {cfg.data.random_erasing}.")
+    build_mix(cfg.data)  # the alphas are checked
     augment = [f"data.{k}={cfg.data.get(k)}" for k in ("auto_augment", "random_erasing") if cfg.data.get(k)]
     if cfg.data.get("on_device") and augment:
         raise ConfigError(f"data.on_device=true implements the crop and flip of data.transform only, not "

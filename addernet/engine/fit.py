@@ -20,6 +20,7 @@ from .. import distributed as dist
 from ..compile import compile_model
 from ..checkpoint import save_checkpoint, training_checkpoint
 from ..data import build_dataset, build_loader, check_classes, class_names, num_workers, take_skipped
+from ..data.mix import build_mix
 from ..errors import ConfigError, NonFiniteLoss
 from ..optim import AdaptiveLR, build_optimizer, build_scheduler
 from .config import check_config, device_type, model_from_config
@@ -153,7 +154,7 @@ class Run:
         decay = check_ema_decay(cfg.trainer)
         self.ema = WeightEMA(self.model, decay) if decay is not None else None
         self.stepper = Stepper(self.task, self.optimizer, self.scaler, self.adaptive, accumulate,
-                               cfg.trainer.clip_grad_norm, self.ema)
+                               cfg.trainer.clip_grad_norm, self.ema, build_mix(cfg.data))
 
     def checkpoint(self, step, sums, rng):
         """The full training state; ``rng`` holds every rank's RNG states for a mid-epoch resume."""

@@ -1,4 +1,4 @@
-"""One optimizer step: the batch's micro-batches (trainer.accumulate), backward, gradient clipping
+"""One optimizer step: batch mixing (data.mixup_alpha / cutmix_alpha), the batch's micro-batches (trainer.accumulate), backward, gradient clipping
 (trainer.clip_grad_norm), the optimizer step with the adaptive LR's pre-step hook, then the weight average.
 
 Accumulation splits the loaded batch (the process's share of data.batch_size) into N micro-batches, so the
@@ -10,6 +10,8 @@ loss; the adaptive LR then sees that total. Under DDP the non-final micro-batche
 import contextlib
 
 import torch
+
+from ..data.mix import hard_labels
 
 
 def micro_batches(images, target, accumulate):
@@ -28,13 +30,16 @@ def clip_parameters(optimizer, adaptive):
 class Stepper:
     """``stepper(images, target, sums, watch, step)`` makes one optimizer step from one loaded batch."""
 
-    def __init__(self, task, optimizer, scaler, adaptive=None, accumulate=1, clip_grad_norm=None, ema=None):
-        self.task, self.optimizer, self.scaler, self.ema = task, optimizer, scaler, ema
+    def __init__(self, task, optimizer, scaler, adaptive=None, accumulate=1, clip_grad_norm=None, ema=None,
+                 mix=None):
+        self.task, self.optimizer, self.scaler, self.ema, self.mix = task, optimizer, scaler, ema, mix
         self.accumulate = int(accumulate)
         self.clip = float(clip_grad_norm) if clip_grad_norm is not None else None
         self.clip_params = clip_parameters(optimizer, adaptive) if self.clip is not None else []
 
     def __call__(self, images, target, sums, watch, step):
+        if self.mix is not None:  # MixUp / CutMix: soft targets, top-1 against the dominant label
+            images, target = self.mix(images, target)
         parts = micro_batches(images, target, self.accumulate)
         n = target.shape[0]
         self.optimizer.zero_grad(set_to_none=True)
@@ -43,7 +48,7 @@ class Stepper:
                 out = self.task(x, y)
                 watch.update(out["loss"], step)
                 self.scaler.scale(out["loss"] * (y.shape[0] / n)).backward()
-            sums.update(out["loss"].detach() * y.shape[0], out["output"], y,
+            sums.update(out["loss"].detach() * y.shape[0], out["output"], hard_labels(y),
                         {k: v for k, v in out.items() if k not in ("loss", "output")})
         if self.clip_params:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients; step() does not unscale twice

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import number
+from ..data.mix import hard_labels
 from ..engine.evaluate import logits_and_loss
 from ..errors import ConfigError
 from .base import TrainingTask
@@ -31,8 +32,8 @@ def kd_term(student_logits, teacher_logits, temperature):
 
 
 def batch_top1(logits, target):
-    """Top-1 accuracy of a batch in percent (a device tensor: no host sync)."""
-    return (logits.argmax(1) == target).float().mean() * 100
+    """Top-1 accuracy of a batch in percent (a device tensor: no host sync); soft targets: their dominant label."""
+    return (logits.argmax(1) == hard_labels(target)).float().mean() * 100
 
 
 def check_temperature(cfg):
