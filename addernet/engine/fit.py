@@ -28,7 +28,7 @@ from .ema import WeightEMA, check_ema_decay
 from .evaluate import evaluate
 from .loop import last_good, non_finite_state, train_epoch
 from .meters import MetricSums
-from .outputs import RunOutputs, extra_keys, setup_logging
+from .outputs import RunOutputs, extra_keys, setup_logging, write_facts
 from .precise_bn import has_batchnorm, precise_bn
 from .resume import StopFlag, fresh_state, restore, resume_path
 from .rundir import RunDirBusy, lock_run_dir, log_failure, remove_stale_temporaries
@@ -187,6 +187,12 @@ class Run:
         self.resolved = OmegaConf.to_container(cfg, resolve=True)
         if self.main:
             OmegaConf.save(cfg, os.path.join(self.run_dir, "config.yaml"), resolve=True)
+        if self.main:
+            write_facts(self.run_dir, {
+                "device": str(self.device), "world_size": self.world,
+                "train_images": len(self.train_loader.dataset), "val_images": len(self.val_loader.dataset.dataset),
+                "data_held_on": str(self.train_loader.device) if cfg.data.get("on_device") else None,
+                "compiled": getattr(self.model, "_compiled_call_impl", None) is not None})
         self.outputs = RunOutputs(self.run_dir, self.main, self.state["epoch"] if path else None)
         self.outputs.rewrite_metrics(self.state["history"])
         for epoch in range(self.state["epoch"], self.epochs):

@@ -56,6 +56,15 @@ def json_line(record):
     return json.dumps(finite_or_null(record), allow_nan=False)
 
 
+def write_facts(run_dir, facts):
+    """<run dir>/run.json: what the run was, as built (device, processes, image counts, data placement,
+    compilation), for scripts/summarize_runs.py; rewritten by every (resumed) start, atomically."""
+    path = os.path.join(run_dir, "run.json")
+    with open(path + ".tmp", "w") as f:
+        f.write(json_line(facts) + "\n")
+    os.replace(path + ".tmp", path)
+
+
 def extra_keys(record):
     """The record's task-specific keys (loss parts, a teacher's metrics), in a stable order."""
     return sorted(k for k in record if k not in BASE_KEYS)
