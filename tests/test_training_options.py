@@ -259,7 +259,7 @@ def test_options_together_resume_exactly_after_sigterm_and_test_py_evaluates_the
 # ---- trainer.precise_bn ----
 
 @pytest.mark.parametrize("layer", ["adder", "conv"])
-def test_precise_bn_sets_the_statistics_to_the_batch_average_at_the_current_weights(layer):
+def test_precise_bn_sets_the_statistics_to_the_batch_average_at_the_current_weights(layer, caplog):
     from addernet.engine.precise_bn import precise_bn
     cfg = compose(LENET + [f"model.layer={layer}"])
     torch.manual_seed(0)
@@ -269,7 +269,9 @@ def test_precise_bn_sets_the_statistics_to_the_batch_average_at_the_current_weig
     bn = model.bn2  # after the second (adder or conv) layer: inputs of size ~1e2..1e4 for adder
     inputs = []
     handle = bn.register_forward_pre_hook(lambda m, args: inputs.append(args[0].detach().double()))
-    precise_bn(model, batches, 3, "cpu")  # the first 3 of the 4 batches
+    with caplog.at_level("INFO", logger="addernet"):
+        precise_bn(model, batches, 3, "cpu")  # the first 3 of the 4 batches
+    assert "precise BN: 2 BatchNorm layer(s) re-estimated on 18 image(s)" in caplog.text
     handle.remove()
     assert len(inputs) == 3 and model.training  # the model's mode is kept
     mean = torch.stack([x.mean((0, 2, 3)) for x in inputs]).mean(0)
@@ -406,3 +408,14 @@ def test_mixup_and_cutmix_train_adder_lenet_with_kd_targets(tmp_path):
     summary = train(compose(LENET + ["data.mixup_alpha=0.2", "data.cutmix_alpha=1.0", "task=pkkd"]),
                     str(tmp_path / "run"))
     assert summary["epochs"] == 1 and 0 <= summary["final"]["train_teacher_top1"] <= 100
+
+
+def test_calibration_logs_its_counts(caplog):
+    from addernet.quant.calibration import activation_ranges
+    torch.manual_seed(0)
+    model = model_from_config(compose(LENET)).eval()
+    batches = [(torch.rand(5, 3, 28, 28), None), (torch.rand(4, 3, 28, 28), None)]
+    with caplog.at_level("INFO", logger="addernet"):
+        ranges = activation_ranges(model, batches, 0.999)
+    assert list(ranges) == ["conv2"]
+    assert "calibration: activation ranges of 1 adder layer(s) from 9 image(s)" in caplog.text

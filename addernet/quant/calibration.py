@@ -22,8 +22,9 @@ class NegativeInput(ValueError):
 
 
 @torch.no_grad()
-def activation_ranges(model, loader, quantile, floor=1e-3):
-    """{adder layer name: A} from an eval-mode float forward pass over `loader` (BN running statistics)."""
+def activation_ranges(model, loader, quantile, floor=1e-3, progress=True):
+    """{adder layer name: A} from an eval-mode float forward pass over `loader` (BN running statistics);
+    a tqdm bar (``progress``) counts the batches."""
     ranges, negative, hooks = {}, [], []
 
     def hook(name):
@@ -42,13 +43,16 @@ def activation_ranges(model, loader, quantile, floor=1e-3):
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
+    seen = 0
     try:
-        for images, *_ in loader:
+        for images, *_ in tqdm(loader, desc="calibration", unit="batch", disable=not progress, leave=False):
             model(images.to(device))
+            seen += images.shape[0]
     finally:
         for h in hooks:
             h.remove()
         model.train(was_training)
+    log.info("calibration: activation ranges of %d adder layer(s) from %d image(s)", len(hooks), seen)
     if negative:
         raise NegativeInput(f"adder layer(s) {', '.join(negative)} receive negative inputs; the quantiser here "
                             f"is unsigned (inputs after a ReLU), the signed variant (spec pitfall 6) is not implemented")
