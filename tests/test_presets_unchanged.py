@@ -26,6 +26,7 @@ NEW_KEYS = {
     "data.random_erasing": 0.0,
     "data.mixup_alpha": 0.0,
     "data.cutmix_alpha": 0.0,
+    "logger": {"tensorboard": {}},
 }
 
 

@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from ..optim import check_optim, check_sched
 from .ema import check_ema_decay
 from .evaluate import AMP_DTYPES
+from .trackers import selected
 
 TRAIN_GROUPS = ("model", "data", "optim", "sched", "trainer", "adaptive_lr", "task")
 EVAL_GROUPS = ("model", "data", "trainer")
@@ -74,6 +75,7 @@ def check_config(cfg):
     if cfg.trainer.get("clip_grad_norm") is not None:
         number(cfg.trainer, "clip_grad_norm", "trainer.clip_grad_norm (or null: off)", positive=True)
     check_ema_decay(cfg.trainer)
+    selected(cfg)  # the logger group's names
     if cfg.data.get("auto_augment") is not None:
         choice(cfg.data, "auto_augment", "data.auto_augment (or null: off)", AUTO_AUGMENT)
     if number(cfg.data, "random_erasing", "data.random_erasing") > 1:

@@ -33,6 +33,7 @@ from .precise_bn import has_batchnorm, precise_bn
 from .resume import StopFlag, fresh_state, restore, resume_path
 from .rundir import RunDirBusy, lock_run_dir, log_failure, remove_stale_temporaries
 from .step import Stepper
+from .trackers import build_trackers, selected
 
 log = logging.getLogger("addernet.train")
 
@@ -193,7 +194,11 @@ class Run:
                 "train_images": len(self.train_loader.dataset), "val_images": len(self.val_loader.dataset.dataset),
                 "data_held_on": str(self.train_loader.device) if cfg.data.get("on_device") else None,
                 "compiled": getattr(self.model, "_compiled_call_impl", None) is not None})
-        self.outputs = RunOutputs(self.run_dir, self.main, self.state["epoch"] if path else None)
+        loggers = selected(cfg)
+        self.outputs = RunOutputs(self.run_dir, self.main, self.state["epoch"] if path else None,
+                                  tensorboard="tensorboard" in loggers,
+                                  trackers=build_trackers(cfg, self.run_dir, self.resolved, self.hparams())
+                                  if self.main else ())
         self.outputs.rewrite_metrics(self.state["history"])
         for epoch in range(self.state["epoch"], self.epochs):
             self.run_epoch(epoch)
@@ -266,15 +271,19 @@ class Run:
                                   f"{os.path.join(self.ckpt_dir, 'last.pt')}. Re-run with hydra.run.dir="
                                   f"{self.run_dir} to resume (or trainer.resume=<that file>).")
 
+    def hparams(self):
+        """The run's hyper-parameters for the trackers (TensorBoard's hparams, MLflow params, W&B config)."""
+        cfg = self.cfg
+        return {"model": cfg.model.name, "layer": cfg.model.layer, "data": cfg.data.name, "task": cfg.task.name,
+                "epochs": self.epochs, "batch_size": int(cfg.data.batch_size), "lr": float(cfg.optim.lr),
+                "weight_decay": float(cfg.optim.weight_decay), "adaptive_lr": bool(cfg.adaptive_lr.enabled),
+                "eta": float(cfg.adaptive_lr.eta), "amp": self.amp, "seed": self.seed, "world_size": self.world}
+
     def finish(self):
         s, cfg = self.state, self.cfg
         last = s["history"][-1] if s["history"] else {}
         if self.main:
-            hparams = {"model": cfg.model.name, "layer": cfg.model.layer, "data": cfg.data.name, "task": cfg.task.name,
-                       "epochs": self.epochs, "batch_size": int(cfg.data.batch_size), "lr": float(cfg.optim.lr),
-                       "weight_decay": float(cfg.optim.weight_decay), "adaptive_lr": bool(cfg.adaptive_lr.enabled),
-                       "eta": float(cfg.adaptive_lr.eta), "amp": self.amp, "seed": self.seed, "world_size": self.world}
-            self.outputs.close(hparams, {"hparam/best_top1": s["best_top1"],
+            self.outputs.close(self.hparams(), {"hparam/best_top1": s["best_top1"],
                                          "hparam/final_top1": last.get("val_top1", float("nan"))})
             log.info("done: best val top1 %.2f at epoch %d; run dir %s", s["best_top1"], s["best_epoch"], self.run_dir)
         return {"best_top1": s["best_top1"], "best_epoch": s["best_epoch"], "epochs": s["epoch"], "final": last,
