@@ -64,3 +64,20 @@ def test_submitit_local_runs_a_two_job_sweep_then_resumes_it(tmp_path):
     for job in jobs:
         assert "resumed from" in (job / "train.log").read_text()
         assert [json.loads(line)["epoch"] for line in (job / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+@pytest.mark.slow
+def test_optuna_search_runs_two_trials_and_reports_the_best(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install hydra-optuna-sweeper")
+    from omegaconf import OmegaConf
+    sweep = tmp_path / "search"
+    args = ["-m", "hparams_search=lr_eta", "hydra.sweeper.n_trials=2", "experiment=debug", "data=fake",
+            "model=lenet5_bn", "data.image_size=28", "data.train_size=32", "data.val_size=16", "trainer.device=cpu",
+            f"hydra.sweep.dir={sweep}"]
+    done = run_train(args, env={"OMP_NUM_THREADS": "1"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = sorted(p for p in sweep.iterdir() if (p / "metrics.jsonl").is_file())
+    assert len(trials) == 2
+    best = [json.loads((t / "metrics.jsonl").read_text().splitlines()[-1])["val_top1"] for t in trials]
+    result = OmegaConf.load(sweep / "optimization_results.yaml")
+    assert result.best_value == max(best) and set(result.best_params) == {"optim.lr", "adaptive_lr.eta"}
