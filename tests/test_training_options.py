@@ -419,3 +419,32 @@ def test_calibration_logs_its_counts(caplog):
         ranges = activation_ranges(model, batches, 0.999)
     assert list(ranges) == ["conv2"]
     assert "calibration: activation ranges of 1 adder layer(s) from 9 image(s)" in caplog.text
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_every_option_together_under_torchrun_with_two_gloo_processes(tmp_path):
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from addernet.checkpoint import load_checkpoint
+    from helpers import REPO
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", str(port),
+           "train.py", "model=lenet5_bn", "data=fake", "data.image_size=28", "data.train_size=64",
+           "data.val_size=32", "data.batch_size=16", "trainer.epochs=1", "trainer.device=cpu", "trainer.progress=false",
+           "data.num_workers=0", "trainer.ema_decay=0.9", "trainer.accumulate=2", "trainer.clip_grad_norm=1",
+           "trainer.precise_bn=2", "task.label_smoothing=0.1", "data.mixup_alpha=0.2", "data.cutmix_alpha=1.0",
+           "data.auto_augment=trivialaugment", "data.random_erasing=0.25", "trainer.amp=bf16", f"hydra.run.dir={run}"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert record["val_n"] == 32 and {"ema_val_top1", "precise_bn_seconds"} <= set(record)
+    assert json.loads((run / "run.json").read_text())["world_size"] == 2
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["ema"]["n_averaged"].item() == 4  # 64 images / global batch 16
