@@ -55,7 +55,8 @@ def wandb_records(path):
     return records
 
 
-def test_wandb_offline_run_has_the_scalars_and_config(tmp_path):
+@pytest.mark.slow
+def test_wandb_offline_run_has_the_scalars_and_config(tmp_path):  # starts W&B's service process
     wandb = pytest.importorskip("wandb", reason="pip install wandb")
     run = tmp_path / "run"
     train(compose(TINY + ["logger=wandb"]), str(run))
