@@ -1,4 +1,4 @@
-"""torchrun helpers: initialise from the environment torchrun sets, rank/world queries, reductions.
+"""torchrun helpers: initialise from the environment torchrun (or SLURM) sets, rank/world queries, reductions.
 
 Nothing here launches processes: ``torchrun`` (torch.distributed.run) does that and sets RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; :func:`init_distributed` reads them through
@@ -7,6 +7,7 @@ single-process answer, so callers never branch on "distributed or not".
 """
 import datetime
 import os
+import re
 
 import torch
 import torch.distributed as dist
@@ -14,13 +15,39 @@ import torch.distributed as dist
 from .errors import PeerFailure
 
 
+def first_host(nodelist):
+    """The first host name of a SLURM node list: "gpu[07-09,12],cpu3" -> "gpu07"."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not m:
+        raise ValueError(f"cannot read the SLURM node list {nodelist!r}")
+    return m[1] + (re.split(r"[-,]", m[2])[0] if m[2] else "")
+
+
+def adopt_slurm_environment(environ=os.environ):
+    """torchrun's variables from SLURM's, for one process per task started by srun / submitit (SLURM launcher).
+
+    Only when SLURM runs more than one task and torchrun's RANK is not set: RANK = SLURM_PROCID, WORLD_SIZE =
+    SLURM_NTASKS, LOCAL_RANK = SLURM_LOCALID, MASTER_ADDR = the job's first node, MASTER_PORT = 20000 +
+    SLURM_JOB_ID % 20000 (unless set). Every task computes the same values, multi-node included.
+    """
+    if "RANK" in environ or int(environ.get("SLURM_NTASKS", "1")) <= 1 or "SLURM_PROCID" not in environ:
+        return False
+    environ["RANK"], environ["WORLD_SIZE"] = environ["SLURM_PROCID"], environ["SLURM_NTASKS"]
+    environ["LOCAL_RANK"] = environ.get("SLURM_LOCALID", "0")
+    environ.setdefault("MASTER_ADDR", first_host(environ.get("SLURM_JOB_NODELIST") or environ["SLURM_NODELIST"]))
+    environ.setdefault("MASTER_PORT", str(20000 + int(environ.get("SLURM_JOB_ID", "0")) % 20000))
+    return True
+
+
 def env_world_size():
-    """World size torchrun announced in the environment (1 when not launched by torchrun)."""
+    """World size torchrun (or SLURM) announced in the environment (1 when not launched by either)."""
+    adopt_slurm_environment()
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def env_rank():
-    """Global rank from the environment (0 when not launched by torchrun)."""
+    """Global rank from the environment (0 when not launched by torchrun or SLURM)."""
+    adopt_slurm_environment()
     return int(os.environ.get("RANK", "0"))
 
 
@@ -37,6 +64,7 @@ def init_distributed(device_type="cpu", timeout_s=DEFAULT_TIMEOUT_S):
     else the CPU. Idempotent.
     """
     global _flag_group
+    adopt_slurm_environment()
     device = torch.device("cpu")
     if device_type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

@@ -138,7 +138,7 @@ def metrics_without_timing(path):
     """metrics.jsonl records with the wall-clock fields removed (those legitimately differ run to run)."""
     import json
 
-    timing = {"epoch_seconds", "images_per_s", "val_images_per_s"}
+    timing = {"epoch_seconds", "images_per_s", "val_images_per_s", "precise_bn_seconds"}
     return [{k: v for k, v in json.loads(line).items() if k not in timing}
             for line in Path(path).read_text().splitlines()]
 

@@ -10,7 +10,7 @@ from addernet import Adder2d
 from addernet.engine import ConfigError, check_config, model_from_config
 from helpers import REPO, compose
 
-NOT_PAPER_ROWS = {"quickstart"}  # presets that are not a row of the paper's tables
+NOT_PAPER_ROWS = {"quickstart", "debug"}  # presets that are not a row of the paper's tables
 PRESETS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml") if p.stem not in NOT_PAPER_ROWS)
 DATA_KEYS = {"name", "root", "num_classes", "image_size", "in_channels", "batch_size", "num_workers", "download",
              "pin_memory", "mean", "std", "transform"}

@@ -23,7 +23,7 @@ def test_torchrun_two_cpu_processes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert os.listdir(tmp_path / "outputs") == ["job"]  # one run dir for the job
     assert {p.name for p in run.iterdir()} == {".hydra", ".lock", "config.yaml", "train.log", "metrics.jsonl",
-                                               "tensorboard", "checkpoints"}
+                                               "tensorboard", "checkpoints", "run.json"}
     tb = run / "tensorboard"
     assert len([p for p in tb.iterdir() if p.name.startswith("events")]) == 1  # rank 0's writer only
     assert len(list((tb / "hparams").iterdir())) == 1

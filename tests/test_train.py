@@ -31,7 +31,7 @@ def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
     summary = train(cfg, str(run))
 
     assert {p.name for p in run.iterdir()} == {"config.yaml", "train.log", "metrics.jsonl", "tensorboard",
-                                               "checkpoints", ".lock"}
+                                               "checkpoints", ".lock", "run.json"}
     assert OmegaConf.load(run / "config.yaml") == OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert set(record) == METRIC_KEYS
@@ -80,7 +80,8 @@ def test_train_py_on_a_jpeg_image_folder(tmp_path, jpeg_cifar):
     run = tmp_path / "run"
     proc = run_train(_jpeg_args(jpeg_cifar, run))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {".hydra", ".lock", "config.yaml", "train.log", "metrics.jsonl", "tensorboard", "checkpoints"} == \
+    assert {".hydra", ".lock", "config.yaml", "train.log", "metrics.jsonl", "tensorboard", "checkpoints",
+            "run.json"} == \
         {p.name for p in run.iterdir()}
     assert OmegaConf.load(run / ".hydra" / "config.yaml").data.root == str(jpeg_cifar)
     [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -5,6 +5,9 @@ plain state_dicts saved from nn.DataParallel: every key starts with `module.`, a
 called `adder` (an adder bias `b`), and they use the legacy (pre-1.6) serialisation with CUDA
 storages, which load_checkpoint reads with map_location and weights_only=True. Our models keep the
 official module names (addernet/models), so mapping is a rename; no official code is needed.
+
+The official AdderNet code and checkpoints: Copyright (C) 2020 Huawei Technologies Co., Ltd., BSD 3-Clause
+(the notice is in LICENSE).
 """
 from collections import OrderedDict
 from collections.abc import Mapping

@@ -16,6 +16,7 @@ from PIL import Image
 from torchvision import datasets as tvd
 
 from ..errors import DataError
+from .subset import take_subset
 from .transforms import build_transform
 
 TORCHVISION = {"cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100, "mnist": tvd.MNIST}
@@ -221,6 +222,8 @@ def build_dataset(data_cfg, split):
         ds = _folder_dataset(data_cfg, split, transform)
     else:
         ds = _fake_dataset(data_cfg, split, transform)
+    if name != "fake":  # FakeData is built with its size
+        ds = take_subset(ds, data_cfg.get(f"{split}_size"), f"data.{split}_size")
     if len(ds) == 0:
         key = {"fake": f"data.{split}_size", **{f: f"data.{split}_dir" for f in FOLDERS}}.get(name, "data.root")
         raise DataError(f"the {name} {split} set is empty (0 images); check {key}.")

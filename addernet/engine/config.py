@@ -13,9 +13,13 @@ import torch
 from omegaconf import OmegaConf
 
 from ..checks import choice, number
+from ..data.mix import build_mix
+from ..data.transforms import AUTO_AUGMENT
 from ..errors import ConfigError
 from ..optim import check_optim, check_sched
+from .ema import check_ema_decay
 from .evaluate import AMP_DTYPES
+from .trackers import selected
 
 TRAIN_GROUPS = ("model", "data", "optim", "sched", "trainer", "adaptive_lr", "task")
 EVAL_GROUPS = ("model", "data", "trainer")
@@ -82,6 +86,28 @@ def check_config(cfg):
     check_sched(cfg.sched, int(cfg.trainer.epochs))
     if cfg.adaptive_lr.enabled:
         number(cfg.adaptive_lr, "eta", "adaptive_lr.eta", positive=True)
+    if "label_smoothing" in cfg.task and number(cfg.task, "label_smoothing", "task.label_smoothing") >= 1:
+        raise ConfigError(f"task.label_smoothing must be in [0, 1) (0: off; 0.1 is the usual value), got "
+                          f"{cfg.task.label_smoothing}.")
+    if cfg.trainer.get("clip_grad_norm") is not None:
+        number(cfg.trainer, "clip_grad_norm", "trainer.clip_grad_norm (or null: off)", positive=True)
+    check_ema_decay(cfg.trainer)
+    selected(cfg)  # the logger group's names
+    if cfg.data.get("auto_augment") is not None:
+        choice(cfg.data, "auto_augment", "data.auto_augment (or null: off)", AUTO_AUGMENT)
+    if number(cfg.data, "random_erasing", "data.random_erasing") > 1:
+        raise ConfigError(f"data.random_erasing is a probability in [0, 1] (0: off), got {cfg.data.random_erasing}.")
+    build_mix(cfg.data)  # the alphas are checked
+    augment = [f"data.{k}={cfg.data.get(k)}" for k in ("auto_augment", "random_erasing") if cfg.data.get(k)]
+    if cfg.data.get("on_device") and augment:
+        raise ConfigError(f"data.on_device=true implements the crop and flip of data.transform only, not "
+                          f"{' '.join(augment)}; use data.on_device=false (the DataLoader path) for that augmentation.")
+    number(cfg.trainer, "precise_bn", "trainer.precise_bn (training batches; 0: off)", integer=True)
+    accumulate = number(cfg.trainer, "accumulate", "trainer.accumulate", minimum=1, integer=True)
+    if int(cfg.data.batch_size) < 2 * accumulate:
+        raise ConfigError(f"trainer.accumulate={accumulate} splits data.batch_size={cfg.data.batch_size} into "
+                          f"micro-batches of fewer than 2 samples (BatchNorm needs 2); use data.batch_size >= "
+                          f"{2 * accumulate} or a smaller trainer.accumulate.")
     if not isinstance(cfg.trainer.get("compile", False), bool):
         raise ConfigError(f"trainer.compile must be true or false, got {cfg.trainer.compile!r}.")
 

@@ -22,6 +22,7 @@ from ..errors import CheckpointError, ConfigError
 from ..ops import Adder2d
 from ..quant import inference_model, is_quantized_state, prepare_quantized, quantize_for_eval
 from .config import check_eval_config, check_known_keys, check_stored_model, device_type, model_from_config
+from .ema import ema_weights
 from .entry_checks import check_option_keys, check_output_path, check_top_level
 from .evaluate import evaluate
 from .outputs import json_line
@@ -203,6 +204,8 @@ def stored_model(cfg, overrides, entry="test"):
     _check_overrides(overrides)
     path = str(cfg.checkpoint)
     state, stored, kind, classes = open_checkpoint(path, model_name=cfg.model.name)
+    if cfg.get("ema"):  # test.py ema=true: the exponential moving average of the weights (trainer.ema_decay)
+        state = ema_weights(load_checkpoint(path, map_location="cpu"), path)
     if stored is not None:
         cfg = effective_config(cfg, stored, overrides)
     check_option_keys(cfg, overrides)

@@ -30,12 +30,15 @@ def to_device(images, target, device, memory_format=torch.contiguous_format):
             target.to(device, non_blocking=True))
 
 
-def logits_and_loss(model, images, target, amp="off", reduction="mean"):
-    """(float32 N x classes logits, cross-entropy) of ``model`` on a batch already on the device."""
+def logits_and_loss(model, images, target, amp="off", reduction="mean", label_smoothing=0.0):
+    """(float32 N x classes logits, cross-entropy) of ``model`` on a batch already on the device.
+
+    ``label_smoothing``: cross-entropy's own argument (task.label_smoothing in training; validation uses 0).
+    """
     with autocast(images.device, amp):
         logits = model(images)
     logits = logits.float().flatten(1)
-    return logits, F.cross_entropy(logits, target, reduction=reduction)
+    return logits, F.cross_entropy(logits, target, reduction=reduction, label_smoothing=float(label_smoothing))
 
 
 @torch.no_grad()

@@ -20,15 +20,20 @@ from .. import distributed as dist
 from ..compile import compile_model
 from ..checkpoint import save_checkpoint, training_checkpoint
 from ..data import build_dataset, build_loader, check_classes, class_names, num_workers, take_skipped
+from ..data.mix import build_mix
 from ..errors import ConfigError, NonFiniteLoss
 from ..optim import AdaptiveLR, build_optimizer, build_scheduler
 from .config import check_config, device_type, model_from_config
+from .ema import WeightEMA, check_ema_decay
 from .evaluate import evaluate
 from .loop import last_good, non_finite_state, train_epoch
 from .meters import MetricSums
-from .outputs import RunOutputs, extra_keys, setup_logging
+from .outputs import RunOutputs, extra_keys, setup_logging, write_facts
+from .precise_bn import has_batchnorm, precise_bn
 from .resume import StopFlag, fresh_state, restore, resume_path
 from .rundir import RunDirBusy, lock_run_dir, log_failure, remove_stale_temporaries
+from .step import Stepper
+from .trackers import build_trackers, selected
 
 log = logging.getLogger("addernet.train")
 
@@ -147,16 +152,28 @@ class Run:
             self.task.distribute(lambda m: nn.parallel.DistributedDataParallel(
                 m, device_ids=[device.index] if device.type == "cuda" else None))
         self.sums = MetricSums(device)
+        accumulate = int(cfg.trainer.accumulate)
+        if int(cfg.data.batch_size) // self.world < 2 * accumulate:
+            raise ConfigError(f"trainer.accumulate={accumulate} splits each process's batch of "
+                              f"{int(cfg.data.batch_size) // self.world} into micro-batches of fewer than 2 samples "
+                              f"(BatchNorm needs 2); use a larger data.batch_size or a smaller trainer.accumulate.")
+        decay = check_ema_decay(cfg.trainer)
+        self.ema = WeightEMA(self.model, decay) if decay is not None else None
+        self.stepper = Stepper(self.task, self.optimizer, self.scaler, self.adaptive, accumulate,
+                               cfg.trainer.clip_grad_norm, self.ema, build_mix(cfg.data))
 
     def checkpoint(self, step, sums, rng):
         """The full training state; ``rng`` holds every rank's RNG states for a mid-epoch resume."""
         s = self.state
-        return training_checkpoint(
+        ckpt = training_checkpoint(
             model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
             scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict(), epoch=s["epoch"], step=step,
             best_top1=s["best_top1"], best_epoch=s["best_epoch"], history=s["history"],
             train_sums=sums.state_dict(), rng=rng, config=self.resolved, world_size=self.world,
             task=self.task.state_dict(), classes=self.classes)
+        if self.ema is not None:
+            ckpt["ema"] = self.ema.state_dict()
+        return ckpt
 
     def fit(self):
         cfg = self.cfg
@@ -176,7 +193,17 @@ class Run:
         self.resolved = OmegaConf.to_container(cfg, resolve=True)
         if self.main:
             OmegaConf.save(cfg, os.path.join(self.run_dir, "config.yaml"), resolve=True)
-        self.outputs = RunOutputs(self.run_dir, self.main, self.state["epoch"] if path else None)
+        if self.main:
+            write_facts(self.run_dir, {
+                "device": str(self.device), "world_size": self.world,
+                "train_images": len(self.train_loader.dataset), "val_images": len(self.val_loader.dataset.dataset),
+                "data_held_on": str(self.train_loader.device) if cfg.data.get("on_device") else None,
+                "compiled": getattr(self.model, "_compiled_call_impl", None) is not None})
+        loggers = selected(cfg)
+        self.outputs = RunOutputs(self.run_dir, self.main, self.state["epoch"] if path else None,
+                                  tensorboard="tensorboard" in loggers,
+                                  trackers=build_trackers(cfg, self.run_dir, self.resolved, self.hparams())
+                                  if self.main else ())
         self.outputs.rewrite_metrics(self.state["history"])
         for epoch in range(self.state["epoch"], self.epochs):
             self.run_epoch(epoch)
@@ -191,15 +218,22 @@ class Run:
         take_skipped(self.train_loader)
         seen, seconds = train_epoch(self, epoch, start_step)
         train = self.sums.all_reduce().compute()
+        bn_batches = int(self.cfg.trainer.precise_bn)
+        if bn_batches and has_batchnorm(self.model):
+            bn_seconds = precise_bn(self.model, self.train_loader, bn_batches, self.device, self.amp,
+                                    self.memory_format, progress=self.main and bool(self.cfg.trainer.progress))
         val = evaluate(self.task.net, self.val_loader, self.device, amp=self.amp,
                        channels_last=bool(self.cfg.trainer.channels_last))
         record = {"epoch": epoch + 1, "lr": lr, "train_loss": train["loss"], "train_top1": train["top1"],
                   "val_loss": val["loss"], "val_top1": val["top1"], "val_top5": val["top5"], "val_n": val["n"]}
         record.update({f"train_{k}": v for k, v in train.items() if k not in ("loss", "top1", "top5", "n")})
-        for name, extra in self.task.eval_models().items():
+        models = dict(self.task.eval_models(), **({"ema": self.ema.module} if self.ema is not None else {}))
+        for name, extra in models.items():
             other = evaluate(extra, self.val_loader, self.device, amp=self.amp,
                              channels_last=bool(self.cfg.trainer.channels_last))
             record.update({f"{name}_val_{k}": other[k] for k in ("loss", "top1", "top5")})
+        if bn_batches and has_batchnorm(self.model):
+            record["precise_bn_seconds"] = bn_seconds
         skipped = take_skipped(self.train_loader), take_skipped(self.val_loader)
         if any(skipped):
             log.warning("epoch %d: skipped %d unreadable training and %d validation image(s) (data.skip_corrupt=true)",
@@ -242,15 +276,19 @@ class Run:
                                   f"{os.path.join(self.ckpt_dir, 'last.pt')}. Re-run with hydra.run.dir="
                                   f"{self.run_dir} to resume.")
 
+    def hparams(self):
+        """The run's hyper-parameters for the trackers (TensorBoard's hparams, MLflow params, W&B config)."""
+        cfg = self.cfg
+        return {"model": cfg.model.name, "layer": cfg.model.layer, "data": cfg.data.name, "task": cfg.task.name,
+                "epochs": self.epochs, "batch_size": int(cfg.data.batch_size), "lr": float(cfg.optim.lr),
+                "weight_decay": float(cfg.optim.weight_decay), "adaptive_lr": bool(cfg.adaptive_lr.enabled),
+                "eta": float(cfg.adaptive_lr.eta), "amp": self.amp, "seed": self.seed, "world_size": self.world}
+
     def finish(self):
         s, cfg = self.state, self.cfg
         last = s["history"][-1] if s["history"] else {}
         if self.main:
-            hparams = {"model": cfg.model.name, "layer": cfg.model.layer, "data": cfg.data.name, "task": cfg.task.name,
-                       "epochs": self.epochs, "batch_size": int(cfg.data.batch_size), "lr": float(cfg.optim.lr),
-                       "weight_decay": float(cfg.optim.weight_decay), "adaptive_lr": bool(cfg.adaptive_lr.enabled),
-                       "eta": float(cfg.adaptive_lr.eta), "amp": self.amp, "seed": self.seed, "world_size": self.world}
-            self.outputs.close(hparams, {"hparam/best_top1": s["best_top1"],
+            self.outputs.close(self.hparams(), {"hparam/best_top1": s["best_top1"],
                                          "hparam/final_top1": last.get("val_top1", float("nan"))})
             log.info("done: best val top1 %.2f at epoch %d; run dir %s", s["best_top1"], s["best_epoch"], self.run_dir)
         return {"best_top1": s["best_top1"], "best_epoch": s["best_epoch"], "epochs": s["epoch"], "final": last,

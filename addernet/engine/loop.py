@@ -99,10 +99,6 @@ def preempt(run, watch, epoch, step, bar):
                          f"hydra.run.dir={run.run_dir} to resume.")
 
 
-def _parts(out):
-    return {k: v for k, v in out.items() if k not in ("loss", "output")}
-
-
 def train_epoch(run, epoch, start_step):
     """Train one epoch from ``start_step`` (a mid-epoch resume); returns (images seen by all ranks, seconds)."""
     seed_epoch(run.train_loader, run.seed, epoch, run.rank)
@@ -121,13 +117,7 @@ def train_epoch(run, epoch, start_step):
                             f"after skipping corrupt ones, and BatchNorm needs 2; remove the corrupt files "
                             f"(named in the warnings above) or use a larger data.batch_size.")
         images, target = to_device(images, target, run.device, run.memory_format)
-        out = run.task(images, target)
-        watch.update(out["loss"], step)
-        run.optimizer.zero_grad(set_to_none=True)
-        run.scaler.scale(out["loss"]).backward()
-        run.scaler.step(run.optimizer)  # AdaptiveLR's pre-step hook runs here, on unscaled gradients
-        run.scaler.update()
-        run.sums.update(out["loss"].detach() * target.shape[0], out["output"], target, _parts(out))
+        run.stepper(images, target, run.sums, watch, step)  # micro-batches, clipping, step, EMA (step.py)
         seen += target.shape[0] * run.world
         bar.update(1)
         if step % log_every == 0:

@@ -56,6 +56,15 @@ def json_line(record):
     return json.dumps(finite_or_null(record), allow_nan=False)
 
 
+def write_facts(run_dir, facts):
+    """<run dir>/run.json: what the run was, as built (device, processes, image counts, data placement,
+    compilation), for scripts/summarize_runs.py; rewritten by every (resumed) start, atomically."""
+    path = os.path.join(run_dir, "run.json")
+    with open(path + ".tmp", "w") as f:
+        f.write(json_line(facts) + "\n")
+    os.replace(path + ".tmp", path)
+
+
 def extra_keys(record):
     """The record's task-specific keys (loss parts, a teacher's metrics), in a stable order."""
     return sorted(k for k in record if k not in BASE_KEYS)
@@ -64,10 +73,10 @@ def extra_keys(record):
 class RunOutputs:
     """metrics.jsonl + TensorBoard of one run dir; every method is a no-op off rank 0."""
 
-    def __init__(self, run_dir, main, resumed_epoch=None):
+    def __init__(self, run_dir, main, resumed_epoch=None, tensorboard=True, trackers=()):
         self.main, self.metrics = main, os.path.join(run_dir, "metrics.jsonl")
-        self.writer = None
-        if main:
+        self.writer, self.trackers = None, list(trackers) if main else []
+        if main and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"),
                                         purge_step=resumed_epoch + 1 if resumed_epoch is not None else None)
@@ -86,18 +95,21 @@ class RunOutputs:
         if not self.main:
             return
         step, w = record["epoch"], self.writer
-        for tag, key in RECORD_SCALARS:
-            w.add_scalar(tag, record[key], step)
+        scalars = {tag: record[key] for tag, key in RECORD_SCALARS}
         for key in extra_keys(record):  # train_<part> -> train/<part>, teacher_val_top1 -> teacher_val/top1
             prefix, _, name = key.rpartition("_") if not key.startswith("train_") else ("train", "", key[6:])
-            w.add_scalar(f"{prefix}/{name}", record[key], step)
-        for name, alpha in alphas.items():
-            w.add_scalar(f"adaptive_lr/{name}", alpha, step)
-        if histograms:
-            for name, module in model.named_modules():
-                if isinstance(module, ADDER_MODULES):
-                    w.add_histogram(f"adder_weight/{name}", module.weight.detach().float().cpu(), step)
-        w.flush()
+            scalars[f"{prefix}/{name}"] = record[key]
+        scalars.update({f"adaptive_lr/{name}": alpha for name, alpha in alphas.items()})
+        for tracker in self.trackers:  # MLflow / W&B: the same scalars (addernet/engine/trackers.py)
+            tracker.log(scalars, step)
+        if w is not None:
+            for tag, value in scalars.items():
+                w.add_scalar(tag, value, step)
+            if histograms:
+                for name, module in model.named_modules():
+                    if isinstance(module, ADDER_MODULES):
+                        w.add_histogram(f"adder_weight/{name}", module.weight.detach().float().cpu(), step)
+            w.flush()
         with open(self.metrics, "a") as f:
             f.write(json_line(record) + "\n")
 
@@ -107,3 +119,6 @@ class RunOutputs:
                 self.writer.add_hparams(hparams, metrics, run_name="hparams")
             self.writer.close()
             self.writer = None
+        for tracker in self.trackers:
+            tracker.close(metrics)
+        self.trackers = []

@@ -138,6 +138,10 @@ def restore(run, path):
         raise CheckpointError(f"{path}: its task field must be a dict of state_dicts, found "
                               f"{type(task_state).__name__}; resume from an intact copy or start a fresh run dir.")
     run.task.load_state_dict(task_state, source=path)
+    if run.ema is not None and ckpt.get("ema"):
+        _load_state(run.ema, ckpt["ema"], "weight average (trainer.ema_decay)", path)
+    elif run.ema is not None:
+        log.warning("%s holds no weight average: trainer.ema_decay starts one from the resumed weights", path)
     _check_optimizer_kind(ckpt["optimizer"], run.optimizer, path)
     settings = [{k: v for k, v in g.items() if k != "params"} for g in run.optimizer.param_groups]
     _load_state(run.optimizer, ckpt["optimizer"], "optimizer", path)

@@ -23,7 +23,8 @@ from ..errors import ConfigError
 MAY_CHANGE = ("trainer.epochs", "trainer.log_every", "trainer.hist_every", "trainer.progress", "trainer.resume",
               "trainer.resume_override", "trainer.device", "trainer.compile", "trainer.channels_last",
               "trainer.deterministic", "trainer.dist_timeout", "data.num_workers", "data.pin_memory", "data.root",
-              "data.train_dir", "data.val_dir", "data.download", "data.skip_corrupt")
+              "data.train_dir", "data.val_dir", "data.download", "data.skip_corrupt", "trainer.precise_bn",
+              "logger")
 NEVER = ("model", "optim.name", "task.name", "task.teacher", "task.teacher_model", "task.teacher_layer", "data.name",
          "data.num_classes", "data.in_channels")
 ABSENT = "<absent>"

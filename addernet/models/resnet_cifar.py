@@ -3,6 +3,9 @@
 The official checkpoint maps onto it by stripping `module.` and renaming `.adder` to `.weight`.
 Stem (3x3 conv) and classifier (1x1 conv, no bias, followed by BatchNorm2d(num_classes) `bn2`)
 stay multiplicative in both forms.
+
+The official AdderNet code and checkpoints: Copyright (C) 2020 Huawei Technologies Co., Ltd., BSD 3-Clause
+(the notice is in LICENSE).
 """
 import torch.nn as nn
 

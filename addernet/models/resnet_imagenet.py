@@ -4,6 +4,9 @@ Module names follow the official AdderNet resnet50.py, so its checkpoint maps by
 `module.` and renaming `.adder` to `.weight`. Stem (7x7 conv) and classifier (1x1 conv with bias,
 followed by BatchNorm2d(num_classes) `bn2`) stay multiplicative in both forms; ResNet-18 (no
 official code) is the same recipe with basic blocks.
+
+The official AdderNet code and checkpoints: Copyright (C) 2020 Huawei Technologies Co., Ltd., BSD 3-Clause
+(the notice is in LICENSE).
 """
 import torch.nn as nn
 

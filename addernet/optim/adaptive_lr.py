@@ -55,6 +55,11 @@ class AdaptiveLR:
         """Names of the adder layers found (module names without a DDP/compile wrapper prefix)."""
         return [name for name, _ in self._layers]
 
+    @property
+    def weights(self):
+        """The adder weights it normalises (each once)."""
+        return [weight for _, weight in self._layers]
+
     def attach(self, optimizer):
         """Apply before every ``optimizer.step()`` to the adder weights this optimizer updates."""
         if not isinstance(optimizer, torch.optim.Optimizer):

@@ -5,12 +5,16 @@ whole input tensor of the layer (the k-th smallest |x|, k = ceil(quantile * nume
 max of these over the batches, floored at `floor`. The code's alpha = 0.9997 is applied twice, so its
 effective quantile is 0.9997^2 = 0.99940, our default.
 """
+import logging
 import math
 
 import torch
 import torch.nn as nn
+from tqdm import tqdm
 
 from ..ops import Adder2d
+
+log = logging.getLogger("addernet.quant")
 
 
 class NegativeInput(ValueError):
@@ -18,8 +22,9 @@ class NegativeInput(ValueError):
 
 
 @torch.no_grad()
-def activation_ranges(model, loader, quantile, floor=1e-3):
-    """{adder layer name: A} from an eval-mode float forward pass over `loader` (BN running statistics)."""
+def activation_ranges(model, loader, quantile, floor=1e-3, progress=True):
+    """{adder layer name: A} from an eval-mode float forward pass over `loader` (BN running statistics);
+    a tqdm bar (``progress``) counts the batches."""
     ranges, negative, hooks = {}, [], []
 
     def hook(name):
@@ -38,13 +43,16 @@ def activation_ranges(model, loader, quantile, floor=1e-3):
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
+    seen = 0
     try:
-        for images, *_ in loader:
+        for images, *_ in tqdm(loader, desc="calibration", unit="batch", disable=not progress, leave=False):
             model(images.to(device))
+            seen += images.shape[0]
     finally:
         for h in hooks:
             h.remove()
         model.train(was_training)
+    log.info("calibration: activation ranges of %d adder layer(s) from %d image(s)", len(hooks), seen)
     if negative:
         raise NegativeInput(f"adder layer(s) {', '.join(negative)} receive negative inputs; the quantiser here "
                             f"is unsigned (inputs after a ReLU), the signed variant (spec pitfall 6) is not implemented")
@@ -52,12 +60,13 @@ def activation_ranges(model, loader, quantile, floor=1e-3):
 
 
 @torch.no_grad()
-def recalibrate_bn(model, loader, momentum=None):
+def recalibrate_bn(model, loader, momentum=None, total=None, desc="BN re-estimation", progress=True):
     """Re-estimate every BatchNorm's running statistics with the (quantised) model (spec `adjust_BN`).
 
     momentum=None (ours, default): reset and take the exact average over the calibration batches;
     a number: PyTorch-convention update from the current statistics (0.1 = MindSpore's 0.9, the code's).
-    Only BatchNorm layers run in training mode; nothing else changes.
+    Only BatchNorm layers run in training mode; nothing else changes. ``loader``: any iterable of
+    (images, ...) or of image tensors; a tqdm bar (``progress``) counts its batches (``total``: their number).
     """
     bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     saved = [m.momentum for m in bns]
@@ -69,11 +78,15 @@ def recalibrate_bn(model, loader, momentum=None):
             m.reset_running_stats()
         m.momentum = momentum
         m.train()
+    seen = 0
     try:
-        for images, *_ in loader:
+        for batch in tqdm(loader, desc=desc, total=total, unit="batch", disable=not progress, leave=False):
+            images = batch if torch.is_tensor(batch) else batch[0]
             model(images.to(device))
+            seen += images.shape[0]
     finally:
         for m, mom in zip(bns, saved):
             m.momentum = mom
         model.train(was_training)
+    log.info("%s: %d BatchNorm layer(s) re-estimated on %d image(s)", desc, len(bns), seen)
     return model

@@ -59,6 +59,14 @@ class TrainingTask:
         """The callable for an extra module: its DDP wrapper when it trains under torchrun."""
         return self._nets.get(name) or self.extra_modules()[name]
 
+    def no_sync(self):
+        """DDP's no_sync on every wrapper (model and trainable extras): a micro-batch without gradient all-reduce."""
+        stack = contextlib.ExitStack()
+        for net in (self.net, *self._nets.values()):
+            if isinstance(net, nn.parallel.DistributedDataParallel):
+                stack.enter_context(net.no_sync())
+        return stack
+
     def param_groups(self):
         """Optimizer parameter groups: the model's, then each trainable extra module's (same recipe)."""
         groups = [{"params": list(self.model.parameters())}]
@@ -79,6 +87,11 @@ class TrainingTask:
     def forward(self, images, target):
         """dict(loss=scalar to minimise, output=student logits N x classes, **named scalar parts)."""
         raise NotImplementedError
+
+    @property
+    def label_smoothing(self):
+        """task.label_smoothing: applied to the cross-entropy on the labels (0: off)."""
+        return float(self.cfg.get("label_smoothing") or 0.0)
 
     def __call__(self, images, target):
         return self.forward(images, target)

@@ -2,6 +2,8 @@
 
     loss = (1 - alpha) * CE(z_s, y) + alpha * T^2 * KL(softmax(z_t / T) || softmax(z_s / T))
 
+CE takes task.label_smoothing (cross-entropy's own argument); the KL term does not.
+
 The teacher (addernet.tasks.teacher.load_teacher: any checkpoint test.py reads) runs in eval mode,
 under no_grad, on the same augmented batch and in the same autocast dtype as the student; it has no
 trainable parameters and is never in the optimizer. Its validation accuracy is reported every epoch
@@ -13,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import number
+from ..data.mix import hard_labels
 from ..engine.evaluate import logits_and_loss
 from ..errors import ConfigError
 from .base import TrainingTask
@@ -29,8 +32,8 @@ def kd_term(student_logits, teacher_logits, temperature):
 
 
 def batch_top1(logits, target):
-    """Top-1 accuracy of a batch in percent (a device tensor: no host sync)."""
-    return (logits.argmax(1) == target).float().mean() * 100
+    """Top-1 accuracy of a batch in percent (a device tensor: no host sync); soft targets: their dominant label."""
+    return (logits.argmax(1) == hard_labels(target)).float().mean() * 100
 
 
 def check_temperature(cfg):
@@ -73,7 +76,7 @@ class KDTask(TrainingTask):
         with torch.no_grad(), self.autocast():
             teacher_logits = self.teacher(images)
         teacher_logits = teacher_logits.float().flatten(1)
-        logits, ce = logits_and_loss(self.net, images, target, self.amp)
+        logits, ce = logits_and_loss(self.net, images, target, self.amp, label_smoothing=self.label_smoothing)
         kd = kd_term(logits, teacher_logits, self.cfg.temperature)
         alpha = float(self.cfg.alpha)
         return {"loss": (1 - alpha) * ce + alpha * kd, "output": logits, "ce": ce.detach(), "kd": kd.detach(),

@@ -245,7 +245,7 @@ class PKKDTask(TrainingTask):
             self._capturing = False
         logits, teacher_logits = logits.float().flatten(1), teacher_logits.float().flatten(1)
         T, kd_weight = float(self.cfg.temperature), float(self.cfg.kd_weight)
-        ce = F.cross_entropy(logits, target)
+        ce = F.cross_entropy(logits, target, label_smoothing=self.label_smoothing)  # the student's CE only
         kd = kd_term(logits, teacher_logits, T)
         feature, parts = self._features()
         self._student.clear()

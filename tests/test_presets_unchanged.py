@@ -1,0 +1,53 @@
+"""Every preset composes to the recipe it had before the optional training features existed.
+
+tests/data/preset_configs.json holds the resolved config of train.yaml and of every configs/experiment preset,
+composed from the configs without those features (the keys in NEW_KEYS). Composing them now and removing the
+new keys must give exactly those values; the new keys must be at their off value in every preset.
+"""
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from helpers import REPO, compose
+
+REFERENCE = json.loads((Path(__file__).parent / "data" / "preset_configs.json").read_text())
+# key -> its off value (the new option is disabled)
+NEW_KEYS = {
+    "task.label_smoothing": 0.0,
+    "trainer.clip_grad_norm": None,
+    "trainer.accumulate": 1,
+    "trainer.ema_decay": None,
+    "trainer.precise_bn": 0,
+    "data.train_size": None,
+    "data.val_size": None,
+    "data.auto_augment": None,
+    "data.random_erasing": 0.0,
+    "data.mixup_alpha": 0.0,
+    "data.cutmix_alpha": 0.0,
+    "logger": {"tensorboard": {}},
+}
+
+
+def _split(config, reference):
+    """(config without the NEW_KEYS that ``reference`` lacks, {key: value} of those removed)."""
+    found = {}
+    for dotted in NEW_KEYS:
+        *parents, leaf = dotted.split(".")
+        node, ref = config, reference
+        for p in parents:
+            node, ref = node.get(p, {}), ref.get(p, {})
+        if leaf in node and leaf not in ref:  # data.train_size: FakeData's own key keeps its value
+            found[dotted] = node.pop(leaf)
+    return config, found
+
+
+@pytest.mark.parametrize("preset", sorted(REFERENCE))
+def test_preset_composes_to_the_same_values_with_every_new_option_off(preset):
+    assert {p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml")} <= set(REFERENCE) | {"debug"}
+    cfg = compose([] if preset == "(defaults)" else [f"experiment={preset}"])
+    config, found = _split(OmegaConf.to_container(cfg, resolve=True), REFERENCE[preset])
+    assert config == REFERENCE[preset]
+    assert found == {k: v for k, v in NEW_KEYS.items() if k in found}
+    assert set(NEW_KEYS) - set(found) <= {"data.train_size", "data.val_size"}  # FakeData's sizes stay as they were

@@ -1,0 +1,87 @@
+"""The logger group: MLflow (local file store) and W&B (offline) runs hold the same scalars as metrics.jsonl,
+the hparams and the resolved config; TensorBoard stays the default. Skipped when the extra is not installed."""
+import json
+
+import pytest
+
+from addernet.engine import train
+from addernet.errors import ConfigError
+from addernet.engine.config import check_config
+from helpers import compose
+
+TINY = ["model=lenet5_bn", "data=fake", "data.image_size=28", "data.train_size=16", "data.val_size=8",
+        "data.batch_size=8", "trainer.epochs=2", "trainer.progress=false", "trainer.device=cpu"]
+
+
+def _records(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_mlflow_file_store_run_has_the_scalars_params_and_config(tmp_path):
+    pytest.importorskip("mlflow", reason="pip install mlflow-skinny")
+    from mlflow.tracking import MlflowClient
+    run = tmp_path / "run"
+    train(compose(TINY + ["logger=[tensorboard,mlflow]"]), str(run))
+    assert (run / "tensorboard").is_dir()
+    client = MlflowClient(tracking_uri=f"file:{run / 'mlruns'}")
+    [found] = client.search_runs([client.get_experiment_by_name("addernet").experiment_id])
+    records = _records(run)
+    for tag, key in (("val/top1", "val_top1"), ("train/loss", "train_loss"), ("lr", "lr")):
+        history = sorted(client.get_metric_history(found.info.run_id, tag), key=lambda m: m.step)
+        assert [(m.step, m.value) for m in history] == [(r["epoch"], pytest.approx(r[key])) for r in records]
+    assert found.data.params["model"] == "lenet5_bn" and found.data.params["epochs"] == "2"
+    assert found.data.metrics["hparam/best_top1"] == pytest.approx(max(r["val_top1"] for r in records))
+    config = client.download_artifacts(found.info.run_id, "config.yaml", str(tmp_path))
+    assert "lenet5_bn" in open(config).read()
+
+
+def wandb_records(path):
+    """The protobuf records of an offline W&B run file (run-*.wandb): a LevelDB log (32 KiB blocks of records
+    with a 7-byte header: crc32c, length, type 1 full / 2 first / 3 middle / 4 last) after a 7-byte file header."""
+    import struct
+    from wandb.proto import wandb_internal_pb2 as pb
+    raw, pos, parts, records = path.read_bytes(), 7, b"", []
+    while pos + 7 <= len(raw):
+        if 32768 - pos % 32768 < 7:  # block trailer
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+        data, pos = raw[pos + 7:pos + 7 + length], pos + 7 + length
+        parts = data if kind in (1, 2) else parts + data
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(parts)
+            records.append(record)
+    return records
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_has_the_scalars_and_config(tmp_path):  # starts W&B's service process
+    wandb = pytest.importorskip("wandb", reason="pip install wandb")
+    run = tmp_path / "run"
+    train(compose(TINY + ["logger=wandb"]), str(run))
+    wandb.teardown()  # the W&B service writes the run file asynchronously: stop it so the file is complete
+    assert not (run / "tensorboard").exists()  # logger=wandb alone: no TensorBoard files
+    [path] = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    records = wandb_records(path)
+    history = [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+               for r in records if r.WhichOneof("record_type") == "history"]
+    assert len(history) == len(_records(run)), [r.WhichOneof("record_type") for r in records]
+    for got, expected in zip(history, _records(run)):
+        assert got["_step"] == expected["epoch"]
+        for tag, key in (("val/top1", "val_top1"), ("train/loss", "train_loss"), ("lr", "lr")):
+            assert got[tag] == pytest.approx(expected[key])
+    summary = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+               for r in records if r.WhichOneof("record_type") == "summary" for i in r.summary.update}
+    assert summary["hparam/final_top1"] == pytest.approx(_records(run)[-1]["val_top1"])
+    [config] = [r.run.config for r in records if r.WhichOneof("record_type") == "run"]
+    config = {i.key: json.loads(i.value_json) for i in config.update}
+    config = {k: v.get("value", v) if isinstance(v, dict) else v for k, v in config.items()}
+    assert config["model"]["name"] == "lenet5_bn" and config["hparams"]["epochs"] == 2
+
+
+def test_an_unknown_logger_is_a_config_error():
+    cfg = compose(TINY)
+    cfg.logger = {"neptune": {}}
+    with pytest.raises(ConfigError, match="unknown logger 'neptune'"):
+        check_config(cfg)
