@@ -315,7 +315,7 @@ def test_quantisation_and_onnx_export_name_the_unsupported_layer():
     onnx_ready(build_model("vit", "conv", **kw))  # the ordinary ViT twin has nothing unsupported
 
 
-# ---- distillation with the new models
+# ---- distillation with model=vit and model=torchvision
 
 TINY_VIT = ["model=vit", "model.width=8", "model.depth=1", "model.heads=2", "data=fake", "data.image_size=16",
             "data.train_size=16", "data.val_size=8", "data.batch_size=8", "trainer.device=cpu"]

@@ -1,7 +1,7 @@
-"""Bad input and hostile conditions (issue 13): never a silently wrong result, never a NaN checkpoint,
+"""Bad input and hostile conditions: never a silently wrong result, never a NaN checkpoint,
 pre-emption that survives a real scheduler, one clear message per mistake.
 
-Each test names the issue's case it guards. Training runs are in-process (tiny FakeData / JPEG folders,
+Each test names the case it guards. Training runs are in-process (tiny FakeData / JPEG folders,
 LeNet-5-BN at 28x28); the signal and concurrency tests start real train.py processes.
 """
 import errno
@@ -106,7 +106,7 @@ def test_test_py_refuses_an_adder_checkpoint_as_conv(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not OFFICIAL_R20.is_file(), reason=f"official checkpoint not found at {OFFICIAL_R20}")
 def test_converted_official_checkpoint_as_conv_is_refused(tmp_path, monkeypatch):
-    """The issue's reproduction: scripts/convert_official.py, then test.py ... model.layer=conv."""
+    """An official AdderNet checkpoint, converted, then evaluated as its CNN twin (test.py ... model.layer=conv)."""
     r20 = tmp_path / "r20.pt"
     r = run_train([str(OFFICIAL_R20), str(r20)], script=("scripts/convert_official.py",), timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

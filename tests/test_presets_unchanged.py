@@ -1,8 +1,8 @@
-"""Every preset composes to the recipe it had before the optional training features existed.
+"""Every preset composes to its recipe with every optional training feature off.
 
 tests/data/preset_configs.json holds the resolved config of train.yaml and of every configs/experiment preset,
-composed from the configs without those features (the keys in NEW_KEYS). Composing them now and removing the
-new keys must give exactly those values; the new keys must be at their off value in every preset.
+composed from the configs without those features (the keys in NEW_KEYS). Composing them and removing those
+keys must give exactly those values; those keys must be at their off value in every preset.
 """
 import json
 from pathlib import Path
@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from helpers import REPO, compose
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "preset_configs.json").read_text())
-# key -> its off value (the new option is disabled)
+# key -> its off value (the option is disabled)
 NEW_KEYS = {
     "task.label_smoothing": 0.0,
     "trainer.clip_grad_norm": None,

@@ -1,4 +1,4 @@
-"""Post-training quantisation (addernet/quant): the spec's identities, the integer kernel against an
+"""Post-training quantisation (addernet/quant): the quantiser's identities, the integer kernel against an
 integer reference, grouping against brute force, the quantised layer's two paths, checkpoints, errors."""
 import itertools
 
@@ -38,7 +38,7 @@ def int_reference(x, w, stride, padding, dilation, groups):
     return y.reshape(n, o, ho, wo)
 
 
-# ---- spec identities -------------------------------------------------------------------------------------
+# ---- quantiser identities ----------------------------------------------------------------------------------
 
 def test_weight_clamp_with_bias_is_exact_within_the_range_and_not_beyond():
     g = torch.Generator().manual_seed(0)
@@ -58,7 +58,7 @@ def test_weight_clamp_with_bias_is_exact_within_the_range_and_not_beyond():
 
 @pytest.mark.parametrize("bits", [8, 6, 5, 4])
 def test_integer_form_equals_the_dequantised_float_form(bits):
-    """-sum|x_hat - w_hat| = -(s / (2^b-1)) sum|q_a - 2 q_w| (spec section 2), in float64."""
+    """-sum|x_hat - w_hat| = -(s / (2^b-1)) sum|q_a - 2 q_w| (the integer identity), in float64."""
     g = torch.Generator().manual_seed(bits)
     s, lv = 0.8, levels(bits)
     x = torch.rand(3, 5, 6, 6, generator=g, dtype=torch.float64) * 1.2  # some beyond s: clipped
@@ -72,7 +72,7 @@ def test_integer_form_equals_the_dequantised_float_form(bits):
 
 
 def test_rounding_is_half_to_even():
-    """Pinned (spec pitfall 7): x (2^b-1)/s = 2.5 -> 2, 3.5 -> 4."""
+    """Pinned (torch.round, half to even): x (2^b-1)/s = 2.5 -> 2, 3.5 -> 4."""
     lv = levels(4)
     q = quantize_activation(torch.tensor([2.5, 3.5]) / lv, 1.0, 4)
     assert q.tolist() == [2.0, 4.0]

@@ -1,4 +1,4 @@
-"""Post-training quantisation of adder layers (AdderQuant-style; spec ../shared/specs/adderquant.md).
+"""Post-training quantisation of adder layers (AdderQuant-style; docs/quantization.md).
 
 quantizer (the formulas), grouping (filters by max |w|), calibration (activation ranges, BatchNorm),
 qadder (the quantised layer: integer or float path), convert (quantize_model), format (checkpoints),

@@ -1,6 +1,6 @@
-"""Calibration passes over training images (spec section 4): activation ranges, then BatchNorm statistics.
+"""Calibration passes over training images (docs/quantization.md): activation ranges, then BatchNorm statistics.
 
-Activation range A of an adder layer (spec 3c, pitfall 4): per batch, the `quantile` of |x| over the
+Activation range A of an adder layer: per batch, the `quantile` of |x| over the
 whole input tensor of the layer (the k-th smallest |x|, k = ceil(quantile * numel)); A is the running
 max of these over the batches, floored at `floor`. The code's alpha = 0.9997 is applied twice, so its
 effective quantile is 0.9997^2 = 0.99940, our default.
@@ -55,13 +55,13 @@ def activation_ranges(model, loader, quantile, floor=1e-3, progress=True):
     log.info("calibration: activation ranges of %d adder layer(s) from %d image(s)", len(hooks), seen)
     if negative:
         raise NegativeInput(f"adder layer(s) {', '.join(negative)} receive negative inputs; the quantiser here "
-                            f"is unsigned (inputs after a ReLU), the signed variant (spec pitfall 6) is not implemented")
+                            f"is unsigned (inputs after a ReLU), a signed quantiser is not implemented")
     return ranges
 
 
 @torch.no_grad()
 def recalibrate_bn(model, loader, momentum=None, total=None, desc="BN re-estimation", progress=True):
-    """Re-estimate every BatchNorm's running statistics with the (quantised) model (spec `adjust_BN`).
+    """Re-estimate every BatchNorm's running statistics with the (quantised) model (the code's `adjust_BN`).
 
     momentum=None (ours, default): reset and take the exact average over the calibration batches;
     a number: PyTorch-convention update from the current statistics (0.1 = MindSpore's 0.9, the code's).

@@ -3,8 +3,8 @@
 Calibration images: a seeded random subset of quant.calib_images images of the data config's
 *training* split, in a fixed random order (an ImageFolder is sorted by class; class-sorted batches
 would bias the BatchNorm estimates). The activation ranges are taken with the *validation*
-transform (no augmentation, ours; quant.calib_augment=true for the code's augmented batches, spec
-pitfall 3); BatchNorm is re-estimated on the same images *with* the training augmentation
+transform (no augmentation, ours; quant.calib_augment=true for the code's augmented batches);
+BatchNorm is re-estimated on the same images *with* the training augmentation
 (quant.bn_augment=true, as the code): measured on the official ResNet-20, re-estimating it on
 un-augmented images costs about 2 points at 8 bits (docs/quantization.md).
 """

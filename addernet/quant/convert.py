@@ -1,4 +1,4 @@
-"""quantize_model(model, loader, cfg): post-training quantisation of every adder layer (spec section 4).
+"""quantize_model(model, loader, cfg): post-training quantisation of every adder layer (docs/quantization.md).
 
 1. activation ranges A from a float eval-mode pass over the calibration images (calibration.py);
 2. per adder layer: group the filters by max |w| (grouping.py), s_g = min(A, max |W_g|), clamp the

@@ -1,11 +1,11 @@
-"""Grouping of an adder layer's filters by max |w| (spec section 3a), deterministic.
+"""Grouping of an adder layer's filters by max |w|, deterministic.
 
 kmeans (ours, default): exact 1-D k-means. In one dimension the clusters of an optimal k-means
 solution are contiguous runs of the sorted values, so a dynamic programme over the sorted values
 finds the global minimum of the within-cluster sum of squares (Wang & Song 2011, "Ckmeans.1d.dp");
 no initialisation, no seed, no local optimum. kmeans_sklearn: the code's k-means++ Lloyd iterations
 (scikit-learn, an optional extra), seeded. Either way groups are then numbered by ascending max |w|
-(the code's labels are unordered; spec pitfall 2), so runs are reproducible.
+(the code's k-means is unseeded and its labels are unordered), so runs are reproducible.
 """
 import numpy as np
 import torch

@@ -1,4 +1,4 @@
-"""The AdderQuant quantiser (spec ../shared/specs/adderquant.md, section 2), as pure tensor functions.
+"""The AdderQuant quantiser (docs/quantization.md), as pure tensor functions.
 
 One scale s per group of filters, shared by the weights and the activations of that group:
     s_g = min(A, max |W_g|)                   (A: the layer's calibrated activation range)
