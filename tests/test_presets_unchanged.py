@@ -1,7 +1,8 @@
 """Every preset composes to its recipe with every optional training feature off.
 
 tests/data/preset_configs.json holds the resolved config of train.yaml and of every configs/experiment preset,
-composed from the configs without those features (the keys in NEW_KEYS). Composing them and removing those
+composed from the configs without those features (the keys in NEW_KEYS); the MNIST presets hold their data
+as one tensor (data.on_device=true), which gives the same batches as the per-image path. Composing them and removing those
 keys must give exactly those values; those keys must be at their off value in every preset.
 """
 import json
@@ -27,6 +28,8 @@ NEW_KEYS = {
     "data.mixup_alpha": 0.0,
     "data.cutmix_alpha": 0.0,
     "logger": {"tensorboard": {}},
+    "trainer.resume_override": False,  # resume refuses changed settings unless this is set
+    "trainer.dist_timeout": 600,  # seconds a rank waits for a stalled peer
 }
 
 
