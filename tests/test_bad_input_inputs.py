@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from addernet.data import DataError, build_dataset, build_loader
+from addernet.errors import ConfigError
 from addernet.data.datasets import load_rgb
 from helpers import compose, write_jpeg_folder
 
@@ -279,11 +280,12 @@ def test_a_failed_multirun_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     r = run_train(["-m", *FAKE, "trainer.epochs=1", "trainer.amp=bogus,off", f"hydra.sweep.dir={sweep}"],
                   timeout=300)
     assert r.returncode == 2, r.stderr[-3000:]
-    assert "trainer.amp='bogus' is not valid" in (sweep / "0" / "error.txt").read_text()
-    assert (sweep / "0" / "error.txt").read_text().startswith("exit code 2\n")
+    [job0], [job1] = sweep.glob("0_*"), sweep.glob("1_*")  # job dirs are named <number>_<overrides>
+    assert "trainer.amp='bogus' is not valid" in (job0 / "error.txt").read_text()
+    assert (job0 / "error.txt").read_text().startswith("exit code 2\n")
     failures = (sweep / "failures.log").read_text().splitlines()
     assert len(failures) == 1 and failures[0].startswith("job 0 (") and "exit code 2" in failures[0]
-    assert len((sweep / "1" / "metrics.jsonl").read_text().splitlines()) == 1  # job 1 ran to the end
+    assert len((job1 / "metrics.jsonl").read_text().splitlines()) == 1  # job 1 ran to the end
 
 
 def test_a_bare_state_dict_is_not_evaluated_as_the_other_twin(fake_run, tmp_path):
@@ -310,5 +312,16 @@ def test_train_py_help_lists_only_the_groups_train_py_accepts():
     r = run_train(["--help"], timeout=120)
     groups = [line.split(":")[0] for line in r.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
               .splitlines() if ": " in line]
-    assert r.returncode == 0 and groups == ["adaptive_lr", "data", "experiment", "model", "optim", "sched", "task",
-                                            "trainer"]
+    assert r.returncode == 0 and groups == ["adaptive_lr", "data", "experiment", "hparams_search", "logger", "model",
+                                            "optim", "sched", "task", "trainer"]
+
+
+def test_hydra_flags_and_their_values_are_not_taken_for_overrides():
+    from addernet.engine.entry_checks import check_argv, overrides_of
+
+    argv = ["--cfg", "job", "-p", "trainer", "--info", "defaults", "-m", "data=mnist", "trainer.epochs=3"]
+    assert overrides_of(argv) == ["data=mnist", "trainer.epochs=3"]
+    check_argv(argv, "train")  # no error: 'job', 'trainer' and 'defaults' are flag values, not overrides
+    check_argv(["-m", "hydra/launcher=submitit_local", "hydra.sweep.dir=/tmp/x"], "train")  # Hydra's own groups
+    with pytest.raises(ConfigError, match="unknown key trainer.epoch"):
+        check_argv(["--cfg", "job", "trainer.epoch=3"], "train")

@@ -49,6 +49,26 @@ def _options(group, configs=CONFIGS):
     return sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml")) if os.path.isdir(folder) else []
 
 
+# Hydra's own command-line flags that take a value (the value is no override), and those that print and exit
+VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
+               "-cd", "--experimental-rerun", "--shell-completion", "-sc")
+INFO_VALUES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+NO_RUN_FLAGS = ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--shell-completion", "-sc", "--version")
+
+
+def overrides_of(argv):
+    """The overrides of a command line: Hydra's flags and their values removed (``--cfg job``, ``-i plugins``)."""
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+        elif a.startswith("-"):
+            skip = a in VALUE_FLAGS or (a in ("--info", "-i") and i + 1 < len(argv) and argv[i + 1] in INFO_VALUES)
+        else:
+            out.append(a)
+    return out
+
+
 def check_argv(argv, entry, configs=CONFIGS):
     """ConfigError for a command-line override Hydra would reject or that names nothing (checked before composing).
 
@@ -56,7 +76,7 @@ def check_argv(argv, entry, configs=CONFIGS):
     the group; a top-level ``key=value`` must be a key of the entry's config. Hydra's own keys pass.
     """
     try:
-        parsed = OverridesParser.create().parse_overrides([a for a in argv if not a.startswith("-")])
+        parsed = OverridesParser.create().parse_overrides(overrides_of(argv))
     except HydraException as e:
         raise ConfigError(f"cannot parse the command line: {str(e).splitlines()[0]}") from None
     groups, keys = entry_layout(entry, configs)
@@ -64,7 +84,7 @@ def check_argv(argv, entry, configs=CONFIGS):
     for o in parsed:
         name = o.key_or_group
         head, _, rest = name.partition(".")
-        if head in HYDRA_KEYS or o.is_delete():
+        if head in HYDRA_KEYS or head.split("/")[0] in HYDRA_KEYS or o.is_delete():  # hydra/launcher=...
             continue
         if not rest and head in groups | {"experiment"}:
             value = o.value()
@@ -113,7 +133,7 @@ def precheck(argv, entry, run_dir=True):
     """check_argv (+ check_run_dir for training) on the command line; returns a one-line error or None."""
     try:
         check_argv(argv, entry)
-        if run_dir and not any(a in ("-m", "--multirun") for a in argv):
+        if run_dir and not any(a in ("-m", "--multirun") + NO_RUN_FLAGS for a in argv):
             check_run_dir(argv)
     except ConfigError as e:
         return str(e)
