@@ -88,7 +88,6 @@ def read_metrics(run):
 
 def time_one(args):
     """Child process: build the method's task, time --steps training steps on one synthetic batch; print JSON."""
-    sys.path.insert(0, str(REPO))
     import torch
     from hydra import compose, initialize_config_dir
     from addernet.engine import model_from_config

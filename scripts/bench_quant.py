@@ -44,12 +44,11 @@ import torch.nn as nn
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from addernet.ops import Adder2d  # noqa: E402
-from addernet.ops.kernels import int_cpu  # noqa: E402
-from addernet.models import build_model  # noqa: E402
-from addernet.quant import IntegerResNet, load_quantized_into, quantize_model  # noqa: E402
-from addernet.quant.convert import quantize_layer  # noqa: E402
+from addernet.ops import Adder2d
+from addernet.ops.kernels import int_cpu
+from addernet.models import build_model
+from addernet.quant import IntegerResNet, load_quantized_into, quantize_model
+from addernet.quant.convert import quantize_layer
 
 SHAPES = [  # (name, in, out, size, kernel, stride, padding)
     ("16->16 32x32", 16, 16, 32, 3, 1, 1),

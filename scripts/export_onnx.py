@@ -7,21 +7,19 @@ a dynamic batch, output "logits"; onnx.checker runs on the file. Needs the optio
 """
 import json
 import sys
-from pathlib import Path
 
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf.errors import OmegaConfBaseException
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from addernet.checkpoint import CheckpointError  # noqa: E402
-from addernet.data import DataError  # noqa: E402
-from addernet.engine import ConfigError  # noqa: E402
-from addernet.quant import quantize_for_eval  # noqa: E402
-from addernet.quant.loading import load_float_model  # noqa: E402
-from addernet.engine.entry_checks import check_output_path, precheck  # noqa: E402
-from addernet.quant.onnx import export_onnx  # noqa: E402
+from addernet.checkpoint import CheckpointError
+from addernet.data import DataError
+from addernet.engine import ConfigError
+from addernet.quant import quantize_for_eval
+from addernet.quant.loading import load_float_model
+from addernet.engine.entry_checks import check_output_path, precheck
+from addernet.quant.onnx import export_onnx
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="export_onnx")

@@ -13,20 +13,18 @@ import copy
 import datetime
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from addernet.data import build_loader  # noqa: E402
-from addernet.engine import evaluate  # noqa: E402
-from addernet.quant import calibration_loader, quantize_model  # noqa: E402
-from addernet.quant import convert as qconvert  # noqa: E402
-from addernet.quant.calibration import recalibrate_bn  # noqa: E402
-from addernet.quant.loading import load_float_model  # noqa: E402
+from addernet.data import build_loader
+from addernet.engine import evaluate
+from addernet.quant import calibration_loader, quantize_model
+from addernet.quant import convert as qconvert
+from addernet.quant.calibration import recalibrate_bn
+from addernet.quant.loading import load_float_model
 
 
 def main():

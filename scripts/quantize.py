@@ -8,20 +8,18 @@ without calibrating again, and loads with torch.load(weights_only=True). Prints 
 """
 import json
 import sys
-from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from addernet.checkpoint import CheckpointError  # noqa: E402
-from addernet.data import DataError  # noqa: E402
-from addernet.engine import ConfigError  # noqa: E402
-from addernet.quant import quantize_for_eval, save_quantized  # noqa: E402
-from addernet.quant.loading import load_float_model  # noqa: E402
-from addernet.engine.entry_checks import check_output_path, precheck  # noqa: E402
+from addernet.checkpoint import CheckpointError
+from addernet.data import DataError
+from addernet.engine import ConfigError
+from addernet.quant import quantize_for_eval, save_quantized
+from addernet.quant.loading import load_float_model
+from addernet.engine.entry_checks import check_output_path, precheck
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="quantize")

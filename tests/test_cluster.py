@@ -2,12 +2,11 @@
 submitit_local launcher runs a 2-job sweep end to end (summarized by scripts/summarize_runs.py), then resumes it."""
 import json
 import os
-import sys
 
 import pytest
 
 from addernet.distributed import adopt_slurm_environment, first_host
-from helpers import REPO, compose, run_train
+from helpers import REPO, run_train
 
 
 @pytest.mark.parametrize("nodelist, host", [("node7", "node7"), ("gpu[07-09,12]", "gpu07"),

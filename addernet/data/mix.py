@@ -5,7 +5,6 @@ vectors (N x classes) that cross-entropy takes as class probabilities. With both
 gets one of the two, chosen at random with equal probability (v2.RandomChoice). Training top-1 of a mixed
 batch is counted against the dominant label (the larger of the two weights; ``hard_labels``).
 """
-import torch
 from torchvision.transforms import v2
 
 from ..checks import number

@@ -285,7 +285,7 @@ class Run:
                 "eta": float(cfg.adaptive_lr.eta), "amp": self.amp, "seed": self.seed, "world_size": self.world}
 
     def finish(self):
-        s, cfg = self.state, self.cfg
+        s = self.state
         last = s["history"][-1] if s["history"] else {}
         if self.main:
             self.outputs.close(self.hparams(), {"hparam/best_top1": s["best_top1"],

@@ -21,7 +21,6 @@ of the last block's output feeds the float average pool, classifier and BatchNor
     net = IntegerResNet(quantised_model)       # or addernet.quant.load_quantized(path)
     logits = net(images)                        # CPU, float32 NCHW images
 """
-import ctypes
 
 import torch
 import torch.nn as nn
