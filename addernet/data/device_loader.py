@@ -138,12 +138,17 @@ class DeviceLoader:
         else:
             order = torch.tensor(list(self.dataset.indices), dtype=torch.int64)
         if not self.augment:  # validation, or data.transform=plain
-            centre = torch.tensor([[int(round((h - self.size) / 2)), int(round((w - self.size) / 2))]])
-            return order, centre.expand(len(order), 2), torch.zeros(len(order), dtype=torch.bool)
+            centre = torch.tensor([self.centre()]).expand(len(order), 2)
+            return order, centre, torch.zeros(len(order), dtype=torch.bool)
         top = torch.randint(0, h + 2 * PADDING - self.size + 1, (len(order),), generator=self.generator)
         left = torch.randint(0, w + 2 * PADDING - self.size + 1, (len(order),), generator=self.generator)
         flips = torch.rand(len(order), generator=self.generator) < 0.5
         return order, torch.stack([top, left], 1), flips
+
+    def centre(self):
+        """(top, left) of CenterCrop(size): round((H - size) / 2), round((W - size) / 2)."""
+        height, width = self.images.shape[2:]
+        return int(round((height - self.size) / 2)), int(round((width - self.size) / 2))
 
     def _batches(self, order, offsets, flips, start):
         order, offsets, flips = (t.to(self.device) for t in (order, offsets, flips))
@@ -156,8 +161,7 @@ class DeviceLoader:
         """Images ``index`` cropped at ``offsets`` (in padded coordinates when augmenting), flipped, normalised."""
         images = self.images[index]
         if not self.augment:  # the same centre crop for every image (none at native size): a slice, no gather
-            height, width = self.images.shape[2:]
-            top, left = int(round((height - self.size) / 2)), int(round((width - self.size) / 2))  # as draw()
+            top, left = self.centre()
             images = images[:, :, top:top + self.size, left:left + self.size]
             return images.float().div_(255).sub_(self.mean).div_(self.std)
         images = F.pad(images, (PADDING,) * 4)  # zeros, like RandomCrop(padding=4)'s fill=0
