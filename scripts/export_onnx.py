@@ -17,7 +17,7 @@ from addernet.checkpoint import CheckpointError
 from addernet.data import DataError
 from addernet.engine import ConfigError
 from addernet.quant import quantize_for_eval
-from addernet.quant.loading import load_float_model
+from addernet.engine.eval_run import load_float_model
 from addernet.engine.entry_checks import check_output_path, precheck
 from addernet.quant.onnx import export_onnx
 

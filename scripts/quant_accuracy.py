@@ -24,7 +24,7 @@ from addernet.engine import evaluate
 from addernet.quant import calibration_loader, quantize_model
 from addernet.quant import convert as qconvert
 from addernet.quant.calibration import recalibrate_bn
-from addernet.quant.loading import load_float_model
+from addernet.engine.eval_run import load_float_model
 
 
 def main():

@@ -184,7 +184,7 @@ def test_results_file_never_replaces_a_checkpoint_or_a_run_file(fake_run, tmp_pa
 
 def test_scripts_refuse_an_adder_checkpoint_as_its_cnn_twin(fake_run):
     from addernet.engine import ConfigError
-    from addernet.quant.loading import load_float_model
+    from addernet.engine.eval_run import load_float_model
 
     best = fake_run / "checkpoints" / "best.pt"
     for entry in ("export_onnx", "quantize"):

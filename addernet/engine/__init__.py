@@ -10,7 +10,8 @@ meters.py    exact running sums of loss, accuracy and named loss parts
 eval_run.py  ``test.py``'s logic: stored-config merge, checkpoint loading, the report
 """
 from ..errors import ConfigError, NonFiniteLoss, Preempted
-from .config import check_config, check_eval_config, device_type, model_from_config
+from ..models import model_from_config
+from .config import check_config, check_eval_config, device_type
 from .evaluate import evaluate
 from .fit import train
 from .meters import MetricSums, topk_correct

@@ -16,9 +16,11 @@ from ..checks import choice, number
 from ..data.mix import build_mix
 from ..data.transforms import AUTO_AUGMENT
 from ..errors import ConfigError
+from ..models import model_from_config
 from ..optim import check_optim, check_sched
+from ..tasks import task_class
 from .ema import check_ema_decay
-from .evaluate import AMP_DTYPES
+from ..forward import AMP_DTYPES
 from .trackers import selected
 
 TRAIN_GROUPS = ("model", "data", "optim", "sched", "trainer", "adaptive_lr", "task")
@@ -120,19 +122,6 @@ def device_type(cfg):
     return "cuda" if device.startswith("cuda") else "cpu"
 
 
-def model_from_config(cfg):
-    """The model of cfg.model for the dataset of cfg.data (ConfigError on a bad name or form)."""
-    from ..models import build_model
-    options = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k not in ("name", "layer")}
-    try:
-        return build_model(cfg.model.name, layer=cfg.model.layer, num_classes=int(cfg.data.num_classes),
-                           in_channels=int(cfg.data.in_channels), **options)
-    except (KeyError, ValueError, TypeError) as e:
-        msg = e.args[0] if e.args else e
-        raise ConfigError(f"cannot build model.name={cfg.model.name!r} (model.layer={cfg.model.layer}): {msg}. "
-                          f"Pick a model with model=<name> (configs/model/).") from None
-
-
 @functools.lru_cache(maxsize=None)
 def entry_layout(entry, configs=CONFIGS):
     """(groups, top-level keys) of configs/<entry>.yaml, following a defaults entry that names another entry."""
@@ -163,7 +152,6 @@ def group_keys(group, configs=CONFIGS):
 
 def _task_keys(cfg):
     """The keys the selected task class declares (``config_keys``): a task kept outside configs/task/ has its own."""
-    from ..tasks import task_class
     return tuple(getattr(task_class(cfg.task.get("name")), "config_keys", ()))
 
 

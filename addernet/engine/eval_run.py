@@ -15,13 +15,14 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from .. import distributed as dist
-from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, open_checkpoint
+from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, open_checkpoint, read_checkpoint
 from ..checkpoint.official import is_official, load_official
 from ..data import build_loader, check_classes, take_skipped
 from ..errors import CheckpointError, ConfigError
 from ..ops import Adder2d
 from ..quant import inference_model, is_quantized_state, prepare_quantized, quantize_for_eval
-from .config import check_eval_config, check_known_keys, check_stored_model, device_type, model_from_config
+from ..models import model_from_config
+from .config import check_eval_config, check_known_keys, check_stored_model, device_type
 from .ema import ema_weights
 from .entry_checks import check_option_keys, check_output_path, check_top_level
 from .evaluate import evaluate
@@ -211,6 +212,16 @@ def stored_model(cfg, overrides, entry="test"):
     check_option_keys(cfg, overrides)
     check_eval_config(cfg)
     return _load_model(cfg, path, state, stored, kind), cfg, path, kind, classes
+
+
+def load_float_model(cfg, overrides, allow_quantized=False, entry="quantize"):
+    """(model on CPU in eval mode, effective cfg, checkpoint path) for cfg.checkpoint, read as test.py reads it
+    (scripts/quantize.py, export_onnx.py); a quantised checkpoint comes back with its quantised layers when
+    allow_quantized (else ConfigError)."""
+    model, cfg, path, _, _ = stored_model(cfg, overrides, entry)
+    if is_quantized_state(read_checkpoint(path)[0]) and not allow_quantized:
+        raise ConfigError(f"{path} is already quantised; pass the float checkpoint it came from.")
+    return model.eval(), cfg, path
 
 
 def evaluate_checkpoint(cfg, overrides):

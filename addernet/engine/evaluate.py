@@ -1,44 +1,12 @@
-"""The step helpers shared by training and evaluation, and evaluation over a (sharded) loader.
-
-``to_device`` and ``logits_and_loss`` are the one place where a batch meets the model: the
-classification task trains with them and ``evaluate`` validates with them, so both see the same
-device placement, memory format, autocast and loss.
-"""
+"""Evaluation over a (sharded) loader, with the same forward as training (addernet.forward)."""
 import time
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .. import distributed as dist
+from ..forward import logits_and_loss, to_device
 from .meters import MetricSums
-
-AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast(device, amp):
-    """torch.autocast for ``amp`` in off|bf16|fp16 (disabled, not skipped, when off)."""
-    if amp not in AMP_DTYPES:
-        raise ValueError(f"amp must be one of {', '.join(AMP_DTYPES)}, got {amp!r} (trainer.amp).")
-    device = torch.device(device)
-    return torch.autocast(device.type, dtype=AMP_DTYPES[amp] or torch.float32, enabled=amp != "off")
-
-
-def to_device(images, target, device, memory_format=torch.contiguous_format):
-    """Move a batch to ``device`` without waiting for it (pinned memory makes the copy asynchronous)."""
-    return (images.to(device, non_blocking=True, memory_format=memory_format),
-            target.to(device, non_blocking=True))
-
-
-def logits_and_loss(model, images, target, amp="off", reduction="mean", label_smoothing=0.0):
-    """(float32 N x classes logits, cross-entropy) of ``model`` on a batch already on the device.
-
-    ``label_smoothing``: cross-entropy's own argument (task.label_smoothing in training; validation uses 0).
-    """
-    with autocast(images.device, amp):
-        logits = model(images)
-    logits = logits.float().flatten(1)
-    return logits, F.cross_entropy(logits, target, reduction=reduction, label_smoothing=float(label_smoothing))
 
 
 @torch.no_grad()

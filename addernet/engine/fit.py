@@ -23,7 +23,9 @@ from ..data import build_dataset, build_loader, check_classes, class_names, num_
 from ..data.mix import build_mix
 from ..errors import ConfigError, NonFiniteLoss
 from ..optim import AdaptiveLR, build_optimizer, build_scheduler
-from .config import check_config, device_type, model_from_config
+from ..models import model_from_config
+from ..tasks import build_task
+from .config import check_config, device_type
 from .ema import WeightEMA, check_ema_decay
 from .evaluate import evaluate
 from .loop import last_good, non_finite_state, train_epoch
@@ -120,7 +122,6 @@ class Run:
 
     def build(self):
         """Model, task, data, optimizer, schedule, scaler, adaptive LR, DDP (a wrong model fails before data)."""
-        from ..tasks import build_task
         cfg, device = self.cfg, self.device
         model = model_from_config(cfg)
         if cfg.trainer.sync_bn and dist.is_distributed():

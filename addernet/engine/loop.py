@@ -20,7 +20,7 @@ from .. import distributed as dist
 from ..checkpoint import save_checkpoint
 from ..data import iter_from, seed_epoch
 from ..errors import DataError, NonFiniteLoss
-from .evaluate import to_device
+from ..forward import to_device
 from .resume import gather_rng, set_rng_state
 
 log = logging.getLogger("addernet.train")

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from .. import distributed as dist
 from ..quant.calibration import recalibrate_bn
-from .evaluate import autocast, to_device
+from ..forward import autocast, to_device
 
 
 def has_batchnorm(model):

@@ -4,6 +4,9 @@ any network made of adder layers: `torchvision` (any torchvision classifier, add
 In the paper's models the first convolution and the classifier are multiplicative; every other
 convolution (shortcut projections included) is the body layer chosen by `layer`, followed by BN.
 """
+from omegaconf import OmegaConf
+
+from ..errors import ConfigError
 from .adderize import AdderizeReport, adderize
 from .attention import AdderAttention
 from .layers import LAYERS
@@ -58,5 +61,17 @@ def build_model(name, layer="adder", num_classes=10, in_channels=None, **options
     return fn(layer=layer, num_classes=num_classes, in_channels=in_channels or default_in, **options)
 
 
+def model_from_config(cfg):
+    """The model of cfg.model for the dataset of cfg.data (ConfigError on a bad name or form)."""
+    options = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k not in ("name", "layer")}
+    try:
+        return build_model(cfg.model.name, layer=cfg.model.layer, num_classes=int(cfg.data.num_classes),
+                           in_channels=int(cfg.data.in_channels), **options)
+    except (KeyError, ValueError, TypeError) as e:
+        msg = e.args[0] if e.args else e
+        raise ConfigError(f"cannot build model.name={cfg.model.name!r} (model.layer={cfg.model.layer}): {msg}. "
+                          f"Pick a model with model=<name> (configs/model/).") from None
+
+
 __all__ = ["MODELS", "LAYERS", "NATIVE_DATA", "AdderAttention", "AdderizeReport", "adderize", "build_model",
-           "list_models", "register_model", "torchvision_model", "vit"]
+           "list_models", "model_from_config", "register_model", "torchvision_model", "vit"]

@@ -28,14 +28,12 @@ import torch.nn as nn
 from torch.nn.modules.utils import _pair
 
 from .conv_args import check_args, check_inputs, compute_dtype, out_hw, padding_arg
-from .kernels import eager
+from .kernels import build, cpu, eager
 from .reference import adder2d_reference
 
 
 @functools.lru_cache(maxsize=None)
 def _cpu_kernels():
-    from .kernels import build, cpu
-
     try:
         cpu.available()
         return cpu
@@ -48,7 +46,7 @@ def _cpu_kernels():
 @functools.lru_cache(maxsize=None)
 def _cuda_kernels():
     try:
-        from .kernels import triton as kernels
+        from .kernels import triton as kernels  # lazily: Triton is optional and slow to import
 
         if kernels.available():
             return kernels

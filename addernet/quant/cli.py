@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import Subset
 
 from ..data import DataError, build_dataset, build_loader, build_transform
-from ..engine import ConfigError
+from ..errors import ConfigError
 from .convert import check_quant_config, quant_summary, quantize_model
 
 SETTINGS = ("bits", "groups", "grouping", "calib_images", "calib_augment", "act_quantile", "bn_recalib",

@@ -8,7 +8,7 @@ Everything else (stem convolution, classifier, BatchNorm, pooling) stays float, 
 """
 import torch
 
-from ..engine import ConfigError
+from ..errors import CheckpointError, ConfigError
 from ..models.adderize import check_supported
 from ..ops import Adder2d
 from .calibration import activation_ranges, recalibrate_bn
@@ -96,8 +96,6 @@ def prepare_quantized(model, state, kernel="auto", source="checkpoint"):
 
     Raises a one-line CheckpointError when the quantised layers do not match the model's adder layers.
     """
-    from ..checkpoint import CheckpointError
-
     names = sorted(k[:-len(".qweight")] for k in state if k.endswith(".qweight"))
     layers = dict(adder_layers(model))
     if sorted(layers) != names or any(tuple(state[f"{n}.qweight"].shape) != tuple(layers[n].weight.shape)

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from ..ops import adder2d
+from ..ops.kernels import build, int_cpu
 from .quantizer import levels, quantize_activation
 
 KERNELS = ("auto", "int", "fake")
@@ -29,8 +30,6 @@ KERNELS = ("auto", "int", "fake")
 @functools.lru_cache(maxsize=None)
 def _int_kernel():
     """The integer kernel module, or None (with one warning) when it cannot be built."""
-    from ..ops.kernels import build, int_cpu
-
     try:
         int_cpu.available()
         return int_cpu
@@ -80,8 +79,6 @@ class QAdder2d(nn.Module):
         key = tuple((t.data_ptr(), t._version) for t in (self.qweight, self.group, self.scale))
         if getattr(self, "_plan_key", None) == key:
             return self._plan_cache
-        from ..ops.kernels import int_cpu
-
         lane = torch.uint8 if int(self.bits) <= 8 else torch.uint16
         merged = {}
         for g, idx, chans in self._blocks():

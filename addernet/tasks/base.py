@@ -11,7 +11,9 @@ import contextlib
 
 import torch.nn as nn
 
+from ..checkpoint import load_weights
 from ..errors import ConfigError
+from ..forward import autocast
 
 
 class TrainingTask:
@@ -81,7 +83,6 @@ class TrainingTask:
         return self
 
     def autocast(self):
-        from ..engine.evaluate import autocast
         return autocast(self.device, self.amp) if self.device is not None else contextlib.nullcontext()
 
     def forward(self, images, target):
@@ -100,7 +101,6 @@ class TrainingTask:
         return {name: m.state_dict() for name, m in self.extra_modules().items()}
 
     def load_state_dict(self, state, source="checkpoint"):
-        from ..checkpoint import load_weights
         modules = self.extra_modules()
         if set(state) != set(modules):
             raise ConfigError(f"{source} holds task state for {sorted(state)} but task={self.cfg.get('name')} "

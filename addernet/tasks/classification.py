@@ -1,5 +1,5 @@
 """Supervised classification with cross-entropy: the paper's training method (the default task)."""
-from ..engine.evaluate import logits_and_loss
+from ..forward import logits_and_loss
 from .base import TrainingTask
 
 

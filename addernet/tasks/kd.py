@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..checks import number
 from ..data.mix import hard_labels
-from ..engine.evaluate import logits_and_loss
+from ..forward import logits_and_loss
 from ..errors import ConfigError
 from .base import TrainingTask
 from .teacher import load_teacher

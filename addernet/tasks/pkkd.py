@@ -27,8 +27,8 @@ from omegaconf import OmegaConf
 
 from .. import distributed as dist
 from ..checks import choice, number
-from ..engine.config import model_from_config
 from ..errors import ConfigError
+from ..models import model_from_config
 from ..ops import ADDER_MODULES, Adder2d
 from .base import TrainingTask
 from .kd import batch_top1, check_teacher_path, check_temperature, kd_term

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 
 from ..checkpoint import OFFICIAL, load_weights, read_checkpoint
 from ..checkpoint.official import load_official
-from ..engine.config import model_from_config
 from ..errors import ConfigError
+from ..models import model_from_config
 
 DATA_SHAPE_KEYS = ("num_classes", "in_channels", "image_size")
 
