@@ -188,7 +188,7 @@ def test_mnist_tensor_resident_batches_equal_the_pil_path(tmp_path, split):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["data=imagenet", "data.on_device=true"], "not data=imagenet; use data.on_device=false"),
+    (["data=imagenet", "data.on_device=true"], r"data=imagenet .* does not say one \(data.native_size\); use data.on_device=false"),
     (["data.on_device=true", "data.transform=imagenet"], "not 'imagenet'; use data.on_device=false"),
 ])
 def test_unsupported_datasets_are_refused(overrides, message):

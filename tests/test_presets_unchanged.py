@@ -31,6 +31,16 @@ NEW_KEYS = {
     "trainer.resume_override": False,  # resume refuses changed settings unless this is set
     "trainer.dist_timeout": 600,  # seconds a rank waits for a stalled peer
 }
+# data.name -> the data keys that say how it is loaded (data.kind and its keys), as the name-keyed tables did
+DATA_KINDS = {
+    "cifar10": {"kind": "torchvision", "dataset": "CIFAR10"},
+    "cifar100": {"kind": "torchvision", "dataset": "CIFAR100"},
+    "mnist": {"kind": "torchvision", "dataset": "MNIST"},
+    "cifar10_folder": {"kind": "folder", "dataset": None, "native_size": 32},
+    "cifar100_folder": {"kind": "folder", "dataset": None, "native_size": 32},
+    "imagenet": {"kind": "folder", "native_size": None},
+    "fake": {"kind": "fake"},
+}
 
 
 def _split(config, reference):
@@ -51,6 +61,8 @@ def test_preset_composes_to_the_same_values_with_every_new_option_off(preset):
     assert {p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml")} <= set(REFERENCE) | {"debug"}
     cfg = compose([] if preset == "(defaults)" else [f"experiment={preset}"])
     config, found = _split(OmegaConf.to_container(cfg, resolve=True), REFERENCE[preset])
+    kind = {k: config["data"].pop(k) for k in ("kind", "dataset", "native_size") if k in config["data"]}
+    assert kind == DATA_KINDS[config["data"]["name"]]
     assert config == REFERENCE[preset]
     assert found == {k: v for k, v in NEW_KEYS.items() if k in found}
     assert set(NEW_KEYS) - set(found) <= {"data.train_size", "data.val_size"}  # FakeData's sizes stay as they were

@@ -1,4 +1,9 @@
-"""Datasets named by ``data.name``: torchvision's CIFAR-10/100, MNIST, FakeData and ImageFolder trees.
+"""Datasets by kind (``data.kind``): a torchvision dataset class, an ImageFolder tree, or FakeData.
+
+A data config names its kind and what the kind needs (``data.dataset``: the torchvision class;
+``data.train_dir``/``data.val_dir``: the folders), so a new dataset of an existing kind is one YAML file
+in configs/data/. A new kind is a function ``(data_cfg, split, transform) -> Dataset`` decorated with
+``@register_dataset_kind(name)``.
 
 A missing dataset becomes a :class:`DataError` that names the folder, the files expected there and
 the override that fixes it, instead of torchvision's generic "Dataset not found". An unreadable image
@@ -19,9 +24,8 @@ from ..errors import DataError
 from .subset import take_subset
 from .transforms import build_transform
 
-TORCHVISION = {"cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100, "mnist": tvd.MNIST}
-FOLDERS = ("imagenet", "cifar10_folder", "cifar100_folder")
-NAMES = tuple(TORCHVISION) + FOLDERS + ("fake",)
+DATASET_KINDS = {}
+EMPTY_HINT = {"folder": "data.{split}_dir", "fake": "data.{split}_size"}  # what to check for an empty split
 log = logging.getLogger("addernet.data")
 
 
@@ -35,8 +39,6 @@ class CorruptImage(DataError):
         super().__init__(message)
 
 
-# ImageFolder datasets whose images all have one native size (a crop of a larger image would keep a part of it)
-NATIVE_SIZE = {"cifar10_folder": 32, "cifar100_folder": 32}
 HIGH_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # PIL's modes of 16-bit greyscale PNG/TIFF files
 
 
@@ -173,8 +175,26 @@ def _expected_files(cls, root):
     return folder, names
 
 
-def _torchvision_dataset(data_cfg, split, transform):
-    cls, root = TORCHVISION[data_cfg.name], os.path.abspath(data_cfg.root)
+def register_dataset_kind(kind):
+    """Decorator adding ``fn(data_cfg, split, transform) -> Dataset`` to DATASET_KINDS as ``data.kind=<kind>``."""
+    def add(fn):
+        if kind in DATASET_KINDS:
+            raise ValueError(f"dataset kind {kind!r} is registered twice")
+        DATASET_KINDS[kind] = fn
+        return fn
+
+    return add
+
+
+@register_dataset_kind("torchvision")
+def torchvision_dataset(data_cfg, split, transform):
+    """``data.dataset``: a torchvision.datasets class with a ``train=`` split (CIFAR10, CIFAR100, MNIST, ...)."""
+    name = str(data_cfg.get("dataset"))
+    cls = getattr(tvd, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, (tvd.CIFAR10, tvd.MNIST))):
+        raise DataError(f"data.dataset={name!r} is not a torchvision dataset with a train/test split; use CIFAR10, "
+                        f"CIFAR100, MNIST or an MNIST-like class (FashionMNIST, KMNIST), or data.kind=folder.")
+    root = os.path.abspath(data_cfg.root)
     try:
         return cls(root, train=split == "train", download=bool(data_cfg.download), transform=transform)
     except (RuntimeError, OSError) as e:  # not found / corrupt / no network (URLError is an OSError)
@@ -186,7 +206,10 @@ def _torchvision_dataset(data_cfg, split, transform):
             f"the download with data.download=true and network access.") from None
 
 
-def _folder_dataset(data_cfg, split, transform):
+@register_dataset_kind("folder")
+def folder_dataset(data_cfg, split, transform):
+    """An ImageFolder tree ``data.train_dir`` / ``data.val_dir``; ``data.native_size``: the one size every image has
+    (a crop of a larger image would keep a part of it), or null for images of any size."""
     path = os.path.abspath(data_cfg.train_dir if split == "train" else data_cfg.val_dir)
     key = "data.train_dir" if split == "train" else "data.val_dir"
     if not os.path.isdir(path):
@@ -195,7 +218,7 @@ def _folder_dataset(data_cfg, split, transform):
                         f"{os.path.basename(str(data_cfg.val_dir))}/) or {key}=/path/to/imagefolder.")
     try:
         ds = CheckedImageFolder(path, transform, f"{data_cfg.name} {split} set", data_cfg.get("skip_corrupt", False),
-                                native=NATIVE_SIZE.get(data_cfg.name))
+                                native=data_cfg.get("native_size"))
     except (FileNotFoundError, OSError) as e:
         raise DataError(f"{data_cfg.name}: {path} is not a usable ImageFolder tree ({e}); expected "
                         f"<class>/<image> sub-folders.") from None
@@ -212,25 +235,22 @@ def build_dataset(data_cfg, split):
     """
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    name = data_cfg.name
-    if name not in NAMES:
-        raise DataError(f"unknown dataset data.name={name!r}; choose data=<one of {', '.join(NAMES)}>.")
-    transform = build_transform(data_cfg, split)
-    if name in TORCHVISION:
-        ds = _torchvision_dataset(data_cfg, split, transform)
-    elif name in FOLDERS:
-        ds = _folder_dataset(data_cfg, split, transform)
-    else:
-        ds = _fake_dataset(data_cfg, split, transform)
-    if name != "fake":  # FakeData is built with its size
+    kind = data_cfg.get("kind")
+    if kind not in DATASET_KINDS:
+        raise DataError(f"data.kind={kind!r} (data={data_cfg.get('name')}) is not a dataset kind; use one of "
+                        f"{', '.join(DATASET_KINDS)} (configs/data/*.yaml show each).")
+    ds = DATASET_KINDS[kind](data_cfg, split, build_transform(data_cfg, split))
+    if kind != "fake":  # FakeData is built with its size
         ds = take_subset(ds, data_cfg.get(f"{split}_size"), f"data.{split}_size")
     if len(ds) == 0:
-        key = {"fake": f"data.{split}_size", **{f: f"data.{split}_dir" for f in FOLDERS}}.get(name, "data.root")
-        raise DataError(f"the {name} {split} set is empty (0 images); check {key}.")
+        key = EMPTY_HINT.get(kind, "data.root").format(split=split)
+        raise DataError(f"the {data_cfg.name} {split} set is empty (0 images); check {key}.")
     return ds
 
 
-def _fake_dataset(data_cfg, split, transform):
+@register_dataset_kind("fake")
+def fake_dataset(data_cfg, split, transform):
+    """torchvision FakeData of ``data.train_size`` / ``data.val_size`` random images (different for the two splits)."""
     size = int(data_cfg.train_size if split == "train" else data_cfg.val_size)
     # Different offsets so the validation images are not the training images.
     return tvd.FakeData(size=size, image_size=(int(data_cfg.in_channels), int(data_cfg.image_size),

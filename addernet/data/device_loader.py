@@ -28,7 +28,6 @@ from torchvision import datasets as tvd
 
 from ..errors import DataError
 
-ON_DEVICE = ("cifar10", "cifar100", "cifar10_folder", "cifar100_folder", "mnist", "fake")
 TRANSFORMS = ("cifar", "plain")
 log = logging.getLogger("addernet.data")
 PADDING = 4  # RandomCrop(size, padding=4) of the CIFAR recipe (addernet/data/transforms.py)
@@ -36,9 +35,11 @@ PADDING = 4  # RandomCrop(size, padding=4) of the CIFAR recipe (addernet/data/tr
 
 def check_on_device(data_cfg):
     """DataError unless data.on_device=true can serve this dataset and transform."""
-    if data_cfg.name not in ON_DEVICE:
-        raise DataError(f"data.on_device=true holds a whole dataset in device memory and is implemented for "
-                        f"{', '.join(ON_DEVICE)}, not data={data_cfg.name}; use data.on_device=false.")
+    kind = data_cfg.get("kind")
+    if kind not in ("torchvision", "fake") and not (kind == "folder" and data_cfg.get("native_size")):
+        raise DataError(f"data.on_device=true holds a whole split as one tensor, so its images must have one size: "
+                        f"data={data_cfg.name} (data.kind={kind}) does not say one (data.native_size); use "
+                        f"data.on_device=false.")
     if data_cfg.transform not in TRANSFORMS:
         raise DataError(f"data.on_device=true implements data.transform={' or '.join(TRANSFORMS)}, not "
                         f"{data_cfg.transform!r}; use data.on_device=false for that transform.")

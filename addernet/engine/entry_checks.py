@@ -69,10 +69,17 @@ def overrides_of(argv):
     return out
 
 
+def search_dirs(parsed):
+    """The folders of a ``hydra.searchpath=[file://...]`` override: config groups kept outside configs/."""
+    paths = [o.value() for o in parsed if o.key_or_group == "hydra.searchpath"]
+    entries = paths[-1] if paths and isinstance(paths[-1], list) else []
+    return [str(e)[len("file://"):] for e in entries if str(e).startswith("file://")]
+
+
 def check_argv(argv, entry, configs=CONFIGS):
     """ConfigError for a command-line override Hydra would reject or that names nothing (checked before composing).
 
-    A group choice must name a file of configs/<group>/; ``group.key=value`` without ``+`` must be a key of
+    A group choice must name a file of configs/<group>/ (or of <dir>/<group>/ for a hydra.searchpath dir); ``group.key=value`` without ``+`` must be a key of
     the group; a top-level ``key=value`` must be a key of the entry's config. Hydra's own keys pass.
     """
     try:
@@ -80,6 +87,7 @@ def check_argv(argv, entry, configs=CONFIGS):
     except HydraException as e:
         raise ConfigError(f"cannot parse the command line: {str(e).splitlines()[0]}") from None
     groups, keys = entry_layout(entry, configs)
+    extra = search_dirs(parsed)
     chosen = {o.key_or_group: o.value() for o in parsed if "." not in o.key_or_group and not o.is_delete()}
     for o in parsed:
         name = o.key_or_group
@@ -88,7 +96,7 @@ def check_argv(argv, entry, configs=CONFIGS):
             continue
         if not rest and head in groups | {"experiment"}:
             value = o.value()
-            choices = _options(head, configs)
+            choices = sorted({c for d in (configs, *extra) for c in _options(head, d)})
             if isinstance(value, str) and value not in ("null",) and value not in choices:
                 raise ConfigError(f"{head}={value} is not an option of {head}: choose one of {', '.join(choices)} "
                                   f"(configs/{head}/).")

@@ -4,37 +4,26 @@ any network made of adder layers: `torchvision` (any torchvision classifier, add
 In the paper's models the first convolution and the classifier are multiplicative; every other
 convolution (shortcut projections included) is the body layer chosen by `layer`, followed by BN.
 """
+import importlib
+import inspect
+import pkgutil
+
 from omegaconf import OmegaConf
 
 from ..errors import ConfigError
 from .adderize import AdderizeReport, adderize
 from .attention import AdderAttention
 from .layers import LAYERS
-from .lenet import lenet5_bn
 from .registry import MODELS, register_model
-from .resnet_cifar import resnet20, resnet32
-from .resnet_imagenet import resnet18, resnet50
 from .tv import torchvision_model
-from .vgg import vgg_small
 from .vit import vit
 
-# the paper's models: name -> (constructor, dataset, default input channels); the others register themselves
-for _name, _entry in {
-    "resnet20": (resnet20, "CIFAR", 3),
-    "resnet32": (resnet32, "CIFAR", 3),
-    "vgg_small": (vgg_small, "CIFAR", 3),
-    "lenet5_bn": (lenet5_bn, "MNIST", 1),
-    "resnet18": (resnet18, "ImageNet", 3),
-    "resnet50": (resnet50, "ImageNet", 3),
-}.items():
-    register_model(_name, _entry[1], _entry[2])(_entry[0])
-
+# every module of this package is imported, so a module with a @register_model constructor is a model
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 # dataset family -> (configs/data/<name>.yaml, input side) the family's models are made for
 NATIVE_DATA = {"CIFAR": ("cifar10", 32), "MNIST": ("mnist", 28), "ImageNet": ("imagenet", 224)}
-
-
-_NO_OPTIONS = (resnet20, resnet32, vgg_small, lenet5_bn, resnet18, resnet50)
 
 
 def list_models():
@@ -56,8 +45,11 @@ def build_model(name, layer="adder", num_classes=10, in_channels=None, **options
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{arg} must be a positive integer, got {value!r}")
     fn, _, default_in = MODELS[name]
-    if options and fn in _NO_OPTIONS:
-        raise ValueError(f"model {name!r} takes no options, got {', '.join(sorted(options))}")
+    accepted = set(inspect.signature(fn).parameters) - {"layer", "num_classes", "in_channels"}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise ValueError(f"model {name!r} has no option {', '.join(unknown)} (its options: "
+                         f"{', '.join(sorted(accepted)) or 'none'})")
     return fn(layer=layer, num_classes=num_classes, in_channels=in_channels or default_in, **options)
 
 

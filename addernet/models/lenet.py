@@ -7,6 +7,7 @@ conv1 and the fully connected layers (400-120-84-classes) stay multiplicative; c
 import torch.nn as nn
 
 from .layers import body_conv, init_weights
+from .registry import register_model
 
 
 class LeNet5BN(nn.Module):
@@ -32,5 +33,6 @@ class LeNet5BN(nn.Module):
         return self.fc3(x)
 
 
+@register_model("lenet5_bn", "MNIST", in_channels=1)
 def lenet5_bn(layer="adder", num_classes=10, in_channels=1):
     return LeNet5BN(layer, num_classes, in_channels)

@@ -11,6 +11,7 @@ import torch.nn as nn
 
 from .blocks import BasicBlock, make_stage
 from .layers import body_conv, init_weights
+from .registry import register_model
 
 
 class CifarResNet(nn.Module):
@@ -38,9 +39,11 @@ class CifarResNet(nn.Module):
         return x.flatten(1)
 
 
+@register_model("resnet20", "CIFAR")
 def resnet20(layer="adder", num_classes=10, in_channels=3):
     return CifarResNet(20, layer, num_classes, in_channels)
 
 
+@register_model("resnet32", "CIFAR")
 def resnet32(layer="adder", num_classes=10, in_channels=3):
     return CifarResNet(32, layer, num_classes, in_channels)

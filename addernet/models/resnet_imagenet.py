@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from .blocks import BasicBlock, Bottleneck, make_stage
 from .layers import body_conv, init_weights
+from .registry import register_model
 
 
 class ImageNetResNet(nn.Module):
@@ -39,9 +40,11 @@ class ImageNetResNet(nn.Module):
         return x.flatten(1)
 
 
+@register_model("resnet18", "ImageNet")
 def resnet18(layer="adder", num_classes=1000, in_channels=3):
     return ImageNetResNet(BasicBlock, [2, 2, 2, 2], layer, num_classes, in_channels)
 
 
+@register_model("resnet50", "ImageNet")
 def resnet50(layer="adder", num_classes=1000, in_channels=3):
     return ImageNetResNet(Bottleneck, [3, 4, 6, 3], layer, num_classes, in_channels)

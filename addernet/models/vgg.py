@@ -7,6 +7,7 @@ is pooled before its BN + ReLU. conv0 and the classifier stay multiplicative in 
 import torch.nn as nn
 
 from .layers import body_conv, init_weights
+from .registry import register_model
 
 WIDTHS = (128, 128, 256, 256, 512, 512)
 
@@ -34,5 +35,6 @@ class VGGSmall(nn.Module):
         return self.fc(x.flatten(1))
 
 
+@register_model("vgg_small", "CIFAR")
 def vgg_small(layer="adder", num_classes=10, in_channels=3):
     return VGGSmall(layer, num_classes, in_channels)
