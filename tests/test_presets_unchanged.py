@@ -28,6 +28,7 @@ NEW_KEYS = {
     "data.mixup_alpha": 0.0,
     "data.cutmix_alpha": 0.0,
     "logger": {"tensorboard": {}},
+    "trainer.backend": "fast",  # the adder kernels (ADDERNET_BACKEND unset)
     "trainer.resume_override": False,  # resume refuses changed settings unless this is set
     "trainer.dist_timeout": 600,  # seconds a rank waits for a stalled peer
 }

@@ -2,6 +2,7 @@
 import json
 import logging
 import math
+import os
 
 import pytest
 from omegaconf import OmegaConf
@@ -10,6 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from addernet import AdaptiveLR, Adder2d
 from addernet.checkpoint import load_checkpoint
 from addernet.data import build_loader
+from addernet.ops.kernels import cpu, eager
 from addernet.engine import NonFiniteLoss, Preempted, evaluate, model_from_config, train
 from helpers import SigtermOn as _SigtermOn
 from helpers import CIFAR10_CLASSES, compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10
@@ -131,3 +133,34 @@ def test_sigterm_mid_epoch_then_resume_from_explicit_path_in_a_new_dir(tmp_path)
     train(compose(base + [f"trainer.resume={last}"]), str(tmp_path / "b"))
     assert metrics_without_timing(tmp_path / "b" / "metrics.jsonl") == \
         metrics_without_timing(tmp_path / "reference" / "metrics.jsonl")
+
+
+def test_the_callers_config_is_not_changed_by_a_run(tmp_path):
+    """data.num_workers=auto: the run records the number it used; the config passed in keeps ``auto``."""
+    cfg = compose(["data=fake", "data.train_size=8", "data.val_size=4", "data.batch_size=4", "model=resnet20",
+                   "trainer.epochs=1", "trainer.progress=false", "data.num_workers=auto"])
+    before = OmegaConf.to_yaml(cfg)
+    train(cfg, str(tmp_path / "run"))
+    assert OmegaConf.to_yaml(cfg) == before
+    recorded = OmegaConf.load(tmp_path / "run" / "config.yaml").data.num_workers
+    assert isinstance(recorded, int) and recorded >= 1
+
+
+def test_the_adder_backend_is_applied_from_the_config_and_recorded(tmp_path, monkeypatch):
+    """trainer.backend=eager runs the eager kernel, and config.yaml, run.json and train.log say so."""
+    calls = {"eager": 0, "cpu": 0}
+    for name, module in (("eager", eager), ("cpu", cpu)):
+        def counted(*args, _name=name, _forward=module.forward):
+            calls[_name] += 1
+            return _forward(*args)
+        monkeypatch.setattr(module, "forward", counted)
+    monkeypatch.delenv("ADDERNET_BACKEND", raising=False)
+    cfg = compose(["data=fake", "data.train_size=8", "data.val_size=4", "data.batch_size=4", "trainer.epochs=1",
+                   "trainer.progress=false", "trainer.backend=eager", *FAST])
+    run = tmp_path / "run"
+    train(cfg, str(run))
+    assert calls["eager"] > 0 and calls["cpu"] == 0
+    assert "ADDERNET_BACKEND" not in os.environ  # restored after the run
+    assert OmegaConf.load(run / "config.yaml").trainer.backend == "eager"
+    assert json.loads((run / "run.json").read_text())["adder_kernel"] == "eager"
+    assert "adder backend eager (eager kernel)" in (run / "train.log").read_text()

@@ -17,6 +17,7 @@ from ..data.mix import build_mix
 from ..data.transforms import AUTO_AUGMENT
 from ..errors import ConfigError
 from ..models import model_from_config
+from ..ops import BACKENDS
 from ..optim import check_optim, check_sched
 from ..tasks import task_class
 from .ema import check_ema_decay
@@ -112,6 +113,7 @@ def check_config(cfg):
                           f"{2 * accumulate} or a smaller trainer.accumulate.")
     if not isinstance(cfg.trainer.get("compile", False), bool):
         raise ConfigError(f"trainer.compile must be true or false, got {cfg.trainer.compile!r}.")
+    choice(cfg.trainer, "backend", "trainer.backend (or the ADDERNET_BACKEND variable)", tuple(BACKENDS))
 
 
 def device_type(cfg):

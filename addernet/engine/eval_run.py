@@ -234,9 +234,10 @@ def evaluate_checkpoint(cfg, overrides):
         device = torch.device(str(cfg.trainer.device))
     memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
     model = model.to(device=device, memory_format=memory_format)
-    if device.type != "cuda" and cfg.data.get("pin_memory"):
-        cfg.data.pin_memory = False  # pinning needs an accelerator; avoids DataLoader's warning on CPU
-    loader = build_loader(cfg.data, "val", rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)
+    data_cfg = cfg.data
+    if device.type != "cuda" and data_cfg.get("pin_memory"):  # pinning needs an accelerator (DataLoader warns)
+        data_cfg = OmegaConf.merge(data_cfg, {"pin_memory": False})
+    loader = build_loader(data_cfg, "val", rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)
     check_classes(classes, loader.dataset, f"the classes {path} was trained on",
                   "evaluate on a folder with the training set's class names (label order = sorted names)")
     if dist.is_main():

@@ -24,6 +24,7 @@ from ..data.mix import build_mix
 from ..errors import ConfigError, NonFiniteLoss
 from ..optim import AdaptiveLR, build_optimizer, build_scheduler
 from ..models import model_from_config
+from ..ops import kernel_in_use, use_backend
 from ..tasks import build_task
 from .config import check_config, device_type
 from .ema import WeightEMA, check_ema_decay
@@ -69,7 +70,7 @@ def _train(cfg, run_dir):
         old_handlers = {sig: signal.signal(sig, run.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         restore_logging = setup_logging(run.run_dir, run.main)
         try:
-            with logging_redirect_tqdm(loggers=[logging.getLogger("addernet")]):
+            with logging_redirect_tqdm(loggers=[logging.getLogger("addernet")]), use_backend(cfg.trainer.backend):
                 return run.fit()
         finally:
             for sig, handler in old_handlers.items():
@@ -183,8 +184,10 @@ class Run:
         torch.manual_seed(self.seed + self.rank)
         random.seed(self.seed + self.rank)
         if cfg.data.num_workers == "auto":  # recorded as the number used (it changes the augmentation stream)
-            cfg.data.num_workers = num_workers(cfg.data)
-        log.info("run dir %s | %d process(es) | device %s | amp %s", self.run_dir, self.world, self.device, self.amp)
+            self.cfg = cfg = OmegaConf.merge(cfg, {"data": {"num_workers": num_workers(cfg.data)}})  # a copy
+        kernel = kernel_in_use(self.device)
+        log.info("run dir %s | %d process(es) | device %s | amp %s | adder backend %s (%s kernel)", self.run_dir,
+                 self.world, self.device, self.amp, cfg.trainer.backend, kernel)
         if self.stale:
             log.info("removed %d temporary file(s) of an interrupted write: %s", len(self.stale), ", ".join(self.stale))
         path = self.resumed_from = resume_path(cfg, self.run_dir, self.ckpt_dir)  # refuses to overwrite a history
@@ -199,7 +202,7 @@ class Run:
                 "device": str(self.device), "world_size": self.world,
                 "train_images": len(self.train_loader.dataset), "val_images": len(self.val_loader.dataset.dataset),
                 "data_held_on": str(self.train_loader.device) if cfg.data.get("on_device") else None,
-                "compiled": getattr(self.model, "_compiled_call_impl", None) is not None})
+                "compiled": getattr(self.model, "_compiled_call_impl", None) is not None, "adder_kernel": kernel})
         loggers = selected(cfg)
         self.outputs = RunOutputs(self.run_dir, self.main, self.state["epoch"] if path else None,
                                   tensorboard="tensorboard" in loggers,

@@ -21,7 +21,7 @@ import os
 from ..errors import ConfigError
 
 MAY_CHANGE = ("trainer.epochs", "trainer.log_every", "trainer.hist_every", "trainer.progress", "trainer.resume",
-              "trainer.resume_override", "trainer.device", "trainer.compile", "trainer.channels_last",
+              "trainer.resume_override", "trainer.device", "trainer.backend", "trainer.compile", "trainer.channels_last",
               "trainer.deterministic", "trainer.dist_timeout", "data.num_workers", "data.pin_memory", "data.root",
               "data.train_dir", "data.val_dir", "data.download", "data.skip_corrupt", "trainer.precise_bn",
               "logger")

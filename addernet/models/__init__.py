@@ -27,8 +27,8 @@ NATIVE_DATA = {"CIFAR": ("cifar10", 32), "MNIST": ("mnist", 28), "ImageNet": ("i
 
 
 def list_models():
-    """Names accepted by build_model."""
-    return list(MODELS)
+    """Names accepted by build_model, sorted."""
+    return sorted(MODELS)
 
 
 def build_model(name, layer="adder", num_classes=10, in_channels=None, **options):
@@ -38,7 +38,7 @@ def build_model(name, layer="adder", num_classes=10, in_channels=None, **options
     model's own keyword arguments (configs/model/<name>.yaml keys other than name and layer).
     """
     if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(MODELS)} (e.g. model=resnet20)")
+        raise ValueError(f"unknown model {name!r}: choose one of {', '.join(sorted(MODELS))} (e.g. model=resnet20)")
     if layer not in LAYERS:
         raise ValueError(f"unknown layer {layer!r} for model {name!r}: use model.layer=adder or model.layer=conv")
     for arg, value in (("num_classes", num_classes), ("in_channels", in_channels)):

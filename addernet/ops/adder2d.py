@@ -5,7 +5,8 @@
 with zero padding counting as input 0. Backward (paper Eq. 5 and 7): dL/dW = sum g * (X - W)
 (full precision) and dL/dX = sum g * HardTanh(W - X); no adaptive learning rate here.
 
-Backend (environment variable ADDERNET_BACKEND, read at every call):
+Backend (environment variable ADDERNET_BACKEND, read at every call; a training run sets it from
+trainer.backend, which defaults to the variable, and records it):
   fast (default)  CPU: compiled C kernel (kernels/cpu.py); CUDA: Triton (kernels/triton.py);
                   falls back to eager with a one-line warning when that is unavailable.
   eager           chunked PyTorch, bounded memory, any device (kernels/eager.py).
@@ -19,6 +20,7 @@ exact because zero padding counts as X = 0. fast and eager are torch.library cus
 torch.compile treats them as opaque calls. Argument checks, output size and compute dtype are
 shared by all of them (conv_args.py); the backend table is BACKENDS below.
 """
+import contextlib
 import functools
 import os
 import warnings
@@ -138,6 +140,28 @@ def _backend():
     if name not in BACKENDS:
         raise ValueError(f"ADDERNET_BACKEND={name!r} is not a backend; use one of {', '.join(BACKENDS)}")
     return name
+
+
+@contextlib.contextmanager
+def use_backend(name):
+    """ADDERNET_BACKEND=``name`` inside the block (how a run applies trainer.backend), restored afterwards."""
+    if name not in BACKENDS:
+        raise ValueError(f"adder backend {name!r} is not one of {', '.join(BACKENDS)}")
+    saved = os.environ.get("ADDERNET_BACKEND")
+    os.environ["ADDERNET_BACKEND"] = name
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["ADDERNET_BACKEND"]
+        else:
+            os.environ["ADDERNET_BACKEND"] = saved
+
+
+def kernel_in_use(device):
+    """The kernel module the current backend runs on ``device``: cpu (C), triton, eager or reference."""
+    backend = _backend()
+    return "reference" if backend == "reference" else _kernels(torch.device(device), backend).__name__.rsplit(".")[-1]
 
 
 def adder2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
