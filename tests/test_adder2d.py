@@ -15,9 +15,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from addernet import Adder2d, adder2d
+from addernet.ops import BACKENDS as ALL_BACKENDS
 
 ROOT = Path(__file__).resolve().parents[1]
-BACKENDS = ("fast", "eager")
+BACKENDS = [b for b in ALL_BACKENDS if b != "reference"]  # compared with the reference
 
 
 @pytest.fixture
@@ -184,7 +185,7 @@ def _closed_form(x, w, g, stride, pad):
     return y, gxp[:, :, pad:pad + h, pad:pad + wd], gw
 
 
-@pytest.mark.parametrize("backend", ("fast", "eager", "reference"))
+@pytest.mark.parametrize("backend", list(ALL_BACKENDS))
 def test_gradients_equal_closed_form(backend, backend_env):
     torch.manual_seed(2)
     x = torch.randn(2, 3, 5, 6, dtype=torch.float64) * 0.7  # |W - X| straddles 1 often
@@ -278,7 +279,7 @@ def test_module_matches_conv2d_interface():
     assert abs(w.mean().item()) < 0.03 and abs(w.std().item() - 1) < 0.03
 
 
-@pytest.mark.parametrize("backend", ("fast", "eager", "reference"))
+@pytest.mark.parametrize("backend", list(ALL_BACKENDS))
 def test_empty_batch(backend, backend_env):
     backend_env(backend)
     layer = Adder2d(4, 8, 3, padding=1)

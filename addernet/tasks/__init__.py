@@ -1,17 +1,16 @@
 """Training methods as tasks (``task=<name>``): the loop is the same for all, a method is one module.
 
-``build_task(model, cfg)`` picks the class named by ``cfg.task.name``: a name of TASKS, or a dotted
-path ``package.module.ClassName`` to any TrainingTask subclass (a method kept outside the package).
+``build_task(model, cfg)`` picks the class named by ``cfg.task.name``: a name of TASKS (a class decorated
+with ``@register_task(name)``), or a dotted path ``package.module.ClassName`` to any TrainingTask subclass
+(a method kept outside the package).
 """
 import importlib
 
 from ..errors import ConfigError
-from .base import TrainingTask, unwrap
+from .base import TASKS, TrainingTask, register_task, unwrap
 from .classification import ClassificationTask
 from .kd import KDTask
 from .pkkd import PKKDTask
-
-TASKS = {"classification": ClassificationTask, "kd": KDTask, "pkkd": PKKDTask}
 
 
 def task_class(name):
@@ -36,4 +35,5 @@ def build_task(model, cfg):
     return cls(model, cfg.task, cfg)
 
 
-__all__ = ["TASKS", "ClassificationTask", "KDTask", "PKKDTask", "TrainingTask", "build_task", "task_class", "unwrap"]
+__all__ = ["TASKS", "ClassificationTask", "KDTask", "PKKDTask", "TrainingTask", "build_task", "register_task",
+           "task_class", "unwrap"]

@@ -16,6 +16,20 @@ from ..errors import ConfigError
 from ..forward import autocast
 
 
+TASKS = {}
+
+
+def register_task(name):
+    """Class decorator adding a TrainingTask subclass to TASKS as ``task.name=<name>`` (configs/task/<name>.yaml)."""
+    def add(cls):
+        if name in TASKS:
+            raise ValueError(f"task {name!r} is registered twice")
+        TASKS[name] = cls
+        return cls
+
+    return add
+
+
 class TrainingTask:
     """Base class. Subclasses implement ``forward`` and, when they own modules, ``extra_modules``.
 

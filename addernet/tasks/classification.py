@@ -1,8 +1,9 @@
 """Supervised classification with cross-entropy: the paper's training method (the default task)."""
 from ..forward import logits_and_loss
-from .base import TrainingTask
+from .base import TrainingTask, register_task
 
 
+@register_task("classification")
 class ClassificationTask(TrainingTask):
     """loss = CE(model(images), target) (with task.label_smoothing); no extra modules, no extra parts."""
 

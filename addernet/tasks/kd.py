@@ -18,7 +18,7 @@ from ..checks import number
 from ..data.mix import hard_labels
 from ..forward import logits_and_loss
 from ..errors import ConfigError
-from .base import TrainingTask
+from .base import TrainingTask, register_task
 from .teacher import load_teacher
 
 log = logging.getLogger("addernet.train")
@@ -50,6 +50,7 @@ def check_teacher_path(cfg, allowed=()):
                           f"CNN twin's <run dir>/checkpoints/best.pt).")
 
 
+@register_task("kd")
 class KDTask(TrainingTask):
     """Student trained on (1 - alpha) CE + alpha T^2 KL to a frozen teacher's logits."""
 

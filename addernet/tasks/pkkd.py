@@ -30,7 +30,7 @@ from ..checks import choice, number
 from ..errors import ConfigError
 from ..models import model_from_config
 from ..ops import ADDER_MODULES, Adder2d
-from .base import TrainingTask
+from .base import TrainingTask, register_task
 from .kd import batch_top1, check_teacher_path, check_temperature, kd_term
 from .kernels import conv_sq_distance, full, gaussian_kernel, laplacian_kernel
 from .teacher import check_teacher_fits, load_teacher
@@ -124,6 +124,7 @@ def _as_tuple(v):
     return tuple(v) if isinstance(v, (tuple, list)) else (v,)
 
 
+@register_task("pkkd")
 class PKKDTask(TrainingTask):
     """AdderNet student distilled from its CNN twin: labels + teacher logits + kernel-mapped layer outputs."""
 
