@@ -29,11 +29,11 @@ from ..tasks import build_task
 from .config import check_config, device_type
 from .ema import WeightEMA, check_ema_decay
 from .evaluate import evaluate
-from .loop import last_good, non_finite_state, train_epoch
+from .loop import LoopSettings, non_finite_state, train_epoch
 from .meters import MetricSums
 from .outputs import RunOutputs, extra_keys, setup_logging, write_facts
 from .precise_bn import has_batchnorm, precise_bn
-from .resume import StopFlag, fresh_state, restore, resume_path
+from .resume import StopFlag, fresh_state, gather_rng, restore, resume_path
 from .rundir import RunDirBusy, lock_run_dir, log_failure, remove_stale_temporaries
 from .step import Stepper
 from .trackers import build_trackers, selected
@@ -192,8 +192,12 @@ class Run:
             log.info("removed %d temporary file(s) of an interrupted write: %s", len(self.stale), ", ".join(self.stale))
         path = self.resumed_from = resume_path(cfg, self.run_dir, self.ckpt_dir)  # refuses to overwrite a history
         self.build()
-        if path:
-            self.pending_rng = restore(self, path)  # refuses a different model, before the config is rewritten
+        if path:  # refuses a different model, before the config is rewritten
+            resumed = restore(path, cfg, model=self.model, task=self.task, optimizer=self.optimizer,
+                              scheduler=self.scheduler, scaler=self.scaler, sums=self.sums, ema=self.ema,
+                              train_dataset=self.train_loader.dataset, device=self.device, world=self.world,
+                              rank=self.rank)
+            self.state, self.pending_rng, self.scheduler = resumed.state, resumed.rng, resumed.scheduler
         self.resolved = OmegaConf.to_container(cfg, resolve=True)
         if self.main:
             OmegaConf.save(cfg, os.path.join(self.run_dir, "config.yaml"), resolve=True)
@@ -220,7 +224,12 @@ class Run:
         if not start_step:
             self.sums = MetricSums(self.device)
         take_skipped(self.train_loader)
-        seen, seconds = train_epoch(self, epoch, start_step)
+        settings = LoopSettings(device=self.device, epochs=self.epochs, seed=self.seed, rank=self.rank, world=self.world,
+                                memory_format=self.memory_format, log_every=int(self.cfg.trainer.log_every),
+                                progress=bool(self.cfg.trainer.progress), last_good=self.last_good())
+        rng, self.pending_rng = self.pending_rng, None
+        seen, seconds = train_epoch(self.train_loader, self.task, self.stepper, self.sums, epoch, start_step, settings,
+                                    self.stop, self.preempt, rng)
         train = self.sums.all_reduce().compute()
         bn_batches = int(self.cfg.trainer.precise_bn)
         if bn_batches and has_batchnorm(self.model):
@@ -248,11 +257,11 @@ class Run:
         self.end_epoch(epoch, record)
 
     def end_epoch(self, epoch, record):
-        bad = non_finite_state(self, record)  # before anything of this epoch is written
+        bad = non_finite_state(self.model, self.task, self.device, record)  # before anything of this epoch is written
         if bad:
             raise NonFiniteLoss(f"epoch {epoch + 1} ended with non-finite {', '.join(bad[:4])}"
                                 f"{' ...' if len(bad) > 4 else ''} (val loss {record['val_loss']}); nothing of this "
-                                f"epoch was saved, so {last_good(self)}. Try a lower optim.lr, trainer.amp=off, or "
+                                f"epoch was saved, so {self.last_good()}. Try a lower optim.lr, trainer.amp=off, or "
                                 f"check the data.")
         s = self.state
         s["epoch"] = epoch + 1
@@ -279,6 +288,31 @@ class Run:
             raise self.stop.error(f"stopped by {self.stop.name} after epoch {epoch + 1}; saved "
                                   f"{os.path.join(self.ckpt_dir, 'last.pt')}. Re-run with hydra.run.dir="
                                   f"{self.run_dir} to resume.")
+
+    def last_good(self):
+        """Where the last good state is, for the message of a run that stops on NaN/inf (nothing bad is saved)."""
+        if os.path.isfile(os.path.join(self.ckpt_dir, "last.pt")):
+            return f"checkpoints/last.pt still holds the last good state (epoch {self.state['epoch']})"
+        if self.resumed_from:
+            return f"the checkpoint this run resumed from ({self.resumed_from}) is untouched"
+        return "there is no good checkpoint to resume from (none was saved yet)"
+
+    def preempt(self, epoch, step):
+        """Save a mid-epoch last.pt (every rank's RNG included) and raise Preempted (Interrupted for Ctrl-C)."""
+        bad = non_finite_state(self.model, self.task, self.device)
+        if bad:
+            raise NonFiniteLoss(f"{self.stop.name} at epoch {epoch + 1} step {step}, but the model state is not "
+                                f"finite ({', '.join(bad[:3])}): not saved, so {self.last_good()}. Try a lower "
+                                f"optim.lr.")
+        log.warning("%s: stopping after epoch %d step %d, saving checkpoints/last.pt", self.stop.name, epoch + 1, step)
+        rng = gather_rng(self.world)
+        last = os.path.join(self.ckpt_dir, "last.pt")
+        if self.main:
+            save_checkpoint(self.checkpoint(step, self.sums, rng), last)
+        dist.barrier()
+        self.outputs.close()
+        raise self.stop.error(f"stopped by {self.stop.name} at epoch {epoch + 1} step {step}; saved {last}. Re-run "
+                              f"with hydra.run.dir={self.run_dir} to resume.")
 
     def hparams(self):
         """The run's hyper-parameters for the trackers (TensorBoard's hparams, MLflow params, W&B config)."""

@@ -5,6 +5,7 @@ Exactness rests on one rule: every epoch's randomness is a pure function of (see
 checkpoint (SIGTERM) additionally holds the step count and every rank's RNG states; resuming
 fast-forwards the epoch's data stream to that step (loading, not training) and restores them.
 """
+import dataclasses
 import logging
 import random
 import signal
@@ -116,44 +117,53 @@ def _check_optimizer_kind(saved, optimizer, path):
                               f"cannot change on resume: use the run's optim=..., or start a fresh run dir.")
 
 
-def restore(run, path):
-    """Load last.pt into the run's model, task, optimizer, scheduler, scaler and sums; returns its RNG or None.
+@dataclasses.dataclass
+class Resumed:
+    """What a checkpoint gives the run that resumes it (the driver applies it)."""
+    state: dict      # the loop position and history: the keys of fresh_state()
+    rng: object      # this rank's RNG states for a mid-epoch resume on the same number of processes, else None
+    scheduler: object  # the schedule to continue with (rebuilt when trainer.epochs or optim/sched changed)
 
-    The run's config is compared with the checkpoint's first (resume_policy): a difference that may
-    not change is refused before anything is loaded or written.
+
+def restore(path, cfg, *, model, task, optimizer, scheduler, scaler, sums, ema, train_dataset, device, world, rank):
+    """Load last.pt into the given model, task, weight average, optimizer, scheduler, scaler and sums; returns
+    a Resumed with the loop state, this rank's RNG states and the schedule to use.
+
+    ``cfg`` is compared with the checkpoint's config first (resume_policy): a difference that may not change
+    is refused before anything is loaded.
     """
-    ckpt = check_training_checkpoint(load_checkpoint(path, map_location=run.device), path)
-    cfg, stored = run.cfg, ckpt["config"]
+    ckpt = check_training_checkpoint(load_checkpoint(path, map_location=device), path)
+    stored = ckpt["config"]
     fix = "resume with the run's own settings, or start a fresh run dir (hydra.run.dir=...)"
     check_stored_model(cfg, stored, path, ("name", "layer"), fix)
     changes = config_changes(stored, OmegaConf.to_container(cfg, resolve=True))
     override = bool(cfg.trainer.get("resume_override", False))
     check_changes(changes, path, override)
-    check_classes(ckpt.get("classes"), run.train_loader.dataset, f"{path}", fix)
-    load_weights(run.model, ckpt["model"], source=path,
+    check_classes(ckpt.get("classes"), train_dataset, f"{path}", fix)
+    load_weights(model, ckpt["model"], source=path,
                  hint=f"(built from model.name={cfg.model.name} model.layer={cfg.model.layer}; resume with the "
                       f"run's own model and data settings, or start a fresh run dir)")
     task_state = ckpt.get("task", {})
     if not isinstance(task_state, dict):
         raise CheckpointError(f"{path}: its task field must be a dict of state_dicts, found "
                               f"{type(task_state).__name__}; resume from an intact copy or start a fresh run dir.")
-    run.task.load_state_dict(task_state, source=path)
-    if run.ema is not None and ckpt.get("ema"):
-        _load_state(run.ema, ckpt["ema"], "weight average (trainer.ema_decay)", path)
-    elif run.ema is not None:
+    task.load_state_dict(task_state, source=path)
+    if ema is not None and ckpt.get("ema"):
+        _load_state(ema, ckpt["ema"], "weight average (trainer.ema_decay)", path)
+    elif ema is not None:
         log.warning("%s holds no weight average: trainer.ema_decay starts one from the resumed weights", path)
-    _check_optimizer_kind(ckpt["optimizer"], run.optimizer, path)
-    settings = [{k: v for k, v in g.items() if k != "params"} for g in run.optimizer.param_groups]
-    _load_state(run.optimizer, ckpt["optimizer"], "optimizer", path)
-    _load_state(run.scheduler, ckpt["scheduler"], "scheduler", path)
-    _load_state(run.scaler, ckpt["scaler"], "GradScaler", path)
-    _load_state(run.sums, ckpt["train_sums"], "metric sums", path)
-    run.state.update({k: ckpt[k] for k in fresh_state()})
-    step, same_world = run.state["step"], ckpt["world_size"] == run.world
+    _check_optimizer_kind(ckpt["optimizer"], optimizer, path)
+    settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    _load_state(optimizer, ckpt["optimizer"], "optimizer", path)
+    _load_state(scheduler, ckpt["scheduler"], "scheduler", path)
+    _load_state(scaler, ckpt["scaler"], "GradScaler", path)
+    _load_state(sums, ckpt["train_sums"], "metric sums", path)
+    state = {k: ckpt[k] for k in fresh_state()}
+    step, same_world = state["step"], ckpt["world_size"] == world
     if step and not same_world:
         log.warning("mid-epoch checkpoint from %d process(es) resumed on %d: the rest of the epoch continues "
-                    "at step %d of the new data split (not bit-exact)", ckpt["world_size"], run.world, step)
-    log.info("resumed from %s: %d epoch(s) done%s", path, run.state["epoch"],
+                    "at step %d of the new data split (not bit-exact)", ckpt["world_size"], world, step)
+    log.info("resumed from %s: %d epoch(s) done%s", path, state["epoch"],
              f", {step} step(s) into the next" if step else "")
     applied = changes["allowed"] + (changes["refused"] if override else [])
     if applied:
@@ -163,38 +173,40 @@ def restore(run, path):
                  ", ".join(changes["unrecorded"]))
     changed = {k for k, _, _ in applied}
     if any(k.startswith(("optim.", "sched.")) for k in changed):
-        for group, mine in zip(run.optimizer.param_groups, settings):
+        for group, mine in zip(optimizer.param_groups, settings):
             group.update(mine)  # optimizer.load_state_dict restored the checkpoint's lr, weight decay, ...
     if step and "data.batch_size" in changed:
         old = int(stored["data"]["batch_size"])
-        run.state["step"] = step * old // int(cfg.data.batch_size)
+        state["step"] = step * old // int(cfg.data.batch_size)
         log.warning("data.batch_size changed from %d to %d mid-epoch: the epoch continues after the %d images it "
-                    "already trained on, at step %d", old, int(cfg.data.batch_size), step * old, run.state["step"])
-    planned = stored.get("trainer", {}).get("epochs", run.epochs)
-    if planned != run.epochs or any(k.startswith(("optim.", "sched.")) for k in changed):
-        reschedule(run, planned)
-    return ckpt["rng"][run.rank] if step and same_world else None
+                    "already trained on, at step %d", old, int(cfg.data.batch_size), step * old, state["step"])
+    planned, epochs = stored.get("trainer", {}).get("epochs", int(cfg.trainer.epochs)), int(cfg.trainer.epochs)
+    if planned != epochs or any(k.startswith(("optim.", "sched.")) for k in changed):
+        scheduler = reschedule(cfg, optimizer, scheduler, state["epoch"], planned)
+    return Resumed(state, ckpt["rng"][rank] if step and same_world else None, scheduler)
 
 
-def reschedule(run, planned):
-    """A resumed run with a new trainer.epochs: the schedule of a run planned for the new length, at this epoch.
+def reschedule(cfg, optimizer, scheduler, epoch, planned):
+    """A resumed run with a new trainer.epochs: the schedule of a run planned for the new length, at ``epoch``.
 
     The learning rate from here on is what a run started with the new trainer.epochs would have at the
     same epoch (e.g. cosine: eta_min + (lr - eta_min) * (1 + cos(pi * epoch / new_epochs)) / 2), so
-    extending a finished 2-epoch cosine run to 3 trains epoch 3 at lr/4, not at 0.
+    extending a finished 2-epoch cosine run to 3 trains epoch 3 at lr/4, not at 0. Returns the schedule
+    to continue with (``scheduler`` itself when nothing is left to train).
     """
-    if run.state["epoch"] >= run.epochs:
-        log.warning("the checkpoint already has %d epoch(s), trainer.epochs=%d: nothing left to train",
-                    run.state["epoch"], run.epochs)
-        return
-    for group in run.optimizer.param_groups:
+    epochs = int(cfg.trainer.epochs)
+    if epoch >= epochs:
+        log.warning("the checkpoint already has %d epoch(s), trainer.epochs=%d: nothing left to train", epoch, epochs)
+        return scheduler
+    for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"]
-    run.scheduler = build_scheduler(run.cfg.sched, run.optimizer, run.epochs)
+    scheduler = build_scheduler(cfg.sched, optimizer, epochs)
     with warnings.catch_warnings():  # "scheduler.step() before optimizer.step()": replaying, not training
         warnings.simplefilter("ignore", UserWarning)
-        for _ in range(run.state["epoch"]):
-            run.scheduler.step()
-    why = (f"trainer.epochs changed from {planned} (the checkpoint's) to {run.epochs}" if planned != run.epochs
+        for _ in range(epoch):
+            scheduler.step()
+    why = (f"trainer.epochs changed from {planned} (the checkpoint's) to {epochs}" if planned != epochs
            else "optim/sched settings changed (trainer.resume_override=true)")
     log.warning("%s: the %s schedule is recomputed for %d epochs and continues at epoch %d with lr %.6g", why,
-                run.cfg.sched.name, run.epochs, run.state["epoch"] + 1, run.optimizer.param_groups[0]["lr"])
+                cfg.sched.name, epochs, epoch + 1, optimizer.param_groups[0]["lr"])
+    return scheduler
