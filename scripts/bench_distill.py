@@ -101,7 +101,7 @@ def time_one(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     task = build_task(model_from_config(cfg).to(device), cfg)
-    task.setup(device, "off", torch.contiguous_format)
+    task.to(device)
     optimizer = build_optimizer(cfg.optim, task.param_groups())
     if cfg.adaptive_lr.enabled:
         AdaptiveLR(task.model, float(cfg.adaptive_lr.eta)).attach(optimizer)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from addernet import AdaptiveLR, Adder2d
+from addernet.tasks import Student
 from addernet.tasks.pkkd import PKKDTask
 
 STEPS, BATCH, NUM_CLASSES = 3, 8, 5
@@ -40,14 +41,13 @@ class TinyNet(nn.Module):
 def build_task():
     torch.manual_seed(0)
     student, teacher = TinyNet("adder").double(), TinyNet("conv").double()
-    full = OmegaConf.create({"model": {"name": "tiny", "layer": "adder"},
-                             "data": {"in_channels": 3, "image_size": 8, "num_classes": NUM_CLASSES},
-                             "task": {"name": "pkkd", "teacher": "cotrain", "teacher_loss": "dml", "kernel": True,
-                                      "layers": "all", "temperature": 2.0, "kd_weight": 1.0, "feature_weight": 5.0,
-                                      "sigma_scale": 1.0, "sigma_momentum": 0.5, "rho_side": "student",
-                                      "rho_init": "identity", "rho_bias": False}})
-    task = PKKDTask(student, full.task, full, teacher=teacher)
-    task.head.double()
+    cfg = OmegaConf.create({"name": "pkkd", "teacher": "cotrain", "teacher_loss": "dml", "kernel": True,
+                            "layers": "all", "temperature": 2.0, "kd_weight": 1.0, "feature_weight": 5.0,
+                            "sigma_scale": 1.0, "sigma_momentum": 0.5, "rho_side": "student",
+                            "rho_init": "identity", "rho_bias": False})
+    task = PKKDTask(student, cfg, Student({"name": "tiny", "layer": "adder"}, "tiny", NUM_CLASSES, 3, 8),
+                    teacher=teacher)
+    task.rho.double()
     return task
 
 
@@ -67,7 +67,7 @@ def train(task, batches):
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
-    return {"student": task.model.state_dict(), **task.state_dict()}
+    return {"student": task.model.state_dict(), **task.extra_state_dicts()}
 
 
 def main(out_dir):

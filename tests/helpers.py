@@ -187,14 +187,11 @@ class AuxHeadTask(ClassificationTask):
 
     trainable = ("head",)
 
-    def __init__(self, model, cfg, full_cfg=None):
-        super().__init__(model, cfg, full_cfg)
-        classes = int(full_cfg.data.num_classes)
+    def __init__(self, model, cfg, student):
+        super().__init__(model, cfg, student)
+        classes = student.num_classes
         torch.manual_seed(1234)
         self.head = torch.nn.Linear(classes, classes)
-
-    def extra_modules(self):
-        return {"head": self.head}
 
     def forward(self, images, target):
         out = super().forward(images, target)

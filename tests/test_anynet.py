@@ -325,7 +325,7 @@ def _task(overrides):
     cfg = compose(overrides)
     torch.manual_seed(0)
     task = build_task(model_from_config(cfg), cfg)
-    task.setup(torch.device("cpu"), "off", torch.contiguous_format)
+    task.to("cpu")
     return task.train(), cfg
 
 

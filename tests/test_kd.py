@@ -41,7 +41,7 @@ def test_loss_equals_the_formula_computed_independently(tmp_path):
     torch.manual_seed(0)
     student = model_from_config(cfg)
     task = build_task(student, cfg)
-    task.setup(torch.device("cpu"), "off", torch.contiguous_format)
+    task.to("cpu")
     task.train()
     x, y = torch.randn(8, 3, 28, 28), torch.randint(0, 10, (8,))
     out = task(x, y)
@@ -65,7 +65,7 @@ def test_teacher_gets_no_grad_stays_eval_runs_in_the_amp_dtype_and_is_not_traine
     path, teacher = conv_teacher_file(tmp_path)
     cfg = kd_cfg(path)
     task = build_task(model_from_config(cfg), cfg)
-    task.setup(torch.device("cpu"), "bf16", torch.contiguous_format)
+    task.amp = "bf16"
     task.train()
     seen = []
     task.teacher.fc3.register_forward_hook(lambda m, i, o: seen.append((o.dtype, m.training, torch.is_grad_enabled())))

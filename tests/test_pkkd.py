@@ -70,7 +70,7 @@ def _task(*extra):
     cfg = compose(LENET + list(extra))
     torch.manual_seed(0)
     task = build_task(model_from_config(cfg), cfg)
-    task.setup(torch.device("cpu"), "off", torch.contiguous_format)
+    task.to("cpu")
     return task.train(), cfg
 
 
@@ -91,14 +91,14 @@ def test_feature_loss_is_the_kernel_formula_by_unfolding_and_rho_starts_as_ident
     # First batch: the running means are this batch's means; rho is the identity.
     expected = F.mse_loss(torch.exp(-l1 / l1.mean()), torch.exp(-l2 / l2.mean()))
     assert out["feature"].item() == pytest.approx(expected.item(), rel=1e-4)
-    assert task.head.student_scale.item() == pytest.approx(l1.mean().item(), rel=1e-5)
+    assert task.rho.student_scale.item() == pytest.approx(l1.mean().item(), rel=1e-5)
     assert out["loss"].item() == pytest.approx(
         (out["ce"] + 0.5 * out["kd"] + 3 * out["feature"] + out["teacher_ce"]).item(), rel=1e-6)
     # rho lives in the task, not in the student (test.py evaluates the student as any AdderNet).
     assert not any("rho" in k for k in task.model.state_dict())
-    assert torch.equal(task.head.rho[0].weight.view(16, 16), torch.eye(16))
+    assert torch.equal(task.rho.rho[0].weight.view(16, 16), torch.eye(16))
     out["loss"].backward()
-    assert task.head.rho[0].weight.grad.abs().sum() > 0  # rho learns on either side
+    assert task.rho.rho[0].weight.grad.abs().sum() > 0  # rho learns on either side
 
 
 def test_no_gradient_leaks_between_student_and_teacher():
@@ -109,7 +109,7 @@ def test_no_gradient_leaks_between_student_and_teacher():
     F.cross_entropy(teacher.train()(x), y).backward()  # the teacher's own loss alone
     for (name, p), q in zip(task.teacher.named_parameters(), teacher.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
-    assert all(p.grad is not None for p in task.head.parameters())
+    assert all(p.grad is not None for p in task.rho.parameters())
 
 
 def test_adaptive_lr_touches_only_the_students_adder_weights():
@@ -120,9 +120,9 @@ def test_adaptive_lr_touches_only_the_students_adder_weights():
     adaptive = AdaptiveLR(task.model, 0.2).attach(optimizer)
     assert adaptive.names == ["conv2"]
     task(torch.randn(8, 3, 28, 28), torch.randint(0, 10, (8,)))["loss"].backward()
-    others = {n: p.grad.clone() for n, p in [*task.teacher.named_parameters(), *task.head.named_parameters()]}
+    others = {n: p.grad.clone() for n, p in [*task.teacher.named_parameters(), *task.rho.named_parameters()]}
     optimizer.step()
-    for name, p in [*task.teacher.named_parameters(), *task.head.named_parameters()]:
+    for name, p in [*task.teacher.named_parameters(), *task.rho.named_parameters()]:
         assert torch.equal(p.grad, others[name]), name
     g = task.model.conv2.weight.grad
     assert g.norm().item() == pytest.approx(0.2 * g.numel() ** 0.5, rel=1e-5)
@@ -192,7 +192,7 @@ def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
     task = worker.build_task()
-    init = copy.deepcopy({"student": task.model.state_dict(), **task.state_dict()})
+    init = copy.deepcopy({"student": task.model.state_dict(), **task.extra_state_dicts()})
     reference = worker.train(task, worker.make_batches())
     for rank in range(2):
         result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)

@@ -28,7 +28,7 @@ def _task(*overrides):
     cfg = compose(LENET + list(overrides))
     torch.manual_seed(0)
     task = build_task(model_from_config(cfg), cfg)
-    task.setup(torch.device("cpu"), "off", torch.contiguous_format)
+    task.to("cpu")
     return task.train()
 
 
@@ -55,7 +55,7 @@ def test_label_smoothing_in_kd_applies_to_the_ce_term_only(tmp_path):
         cfg = kd_cfg(path, "task.alpha=0.5", *extra)
         torch.manual_seed(0)
         task = build_task(model_from_config(cfg), cfg)
-        task.setup(torch.device("cpu"), "off", torch.contiguous_format)
+        task.to("cpu")
         outs.append(task.train()(x, y))
     plain, smooth = outs
     assert smooth["ce"].item() == pytest.approx(smoothed_ce(smooth["output"], y, 0.1).item(), rel=1e-6)

@@ -135,7 +135,8 @@ class Run:
         log.info("model %s (%s): %d parameters", cfg.model.name, cfg.model.layer,
                  sum(p.numel() for p in model.parameters()))
         self.task = build_task(self.model, cfg)
-        self.task.setup(device, self.amp, self.memory_format)
+        self.task.to(device=device, memory_format=self.memory_format)  # its own modules (a teacher, a head)
+        self.task.amp = self.amp
         train_set, val_set = build_dataset(cfg.data, "train"), build_dataset(cfg.data, "val")
         self.classes = class_names(train_set)
         check_classes(self.classes, val_set, f"the training set {getattr(train_set, 'root', '')}".rstrip(),
@@ -172,7 +173,7 @@ class Run:
             scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict(), epoch=s["epoch"], step=step,
             best_top1=s["best_top1"], best_epoch=s["best_epoch"], history=s["history"],
             train_sums=sums.state_dict(), rng=rng, config=self.resolved, world_size=self.world,
-            task=self.task.state_dict(), classes=self.classes)
+            task=self.task.extra_state_dicts(), classes=self.classes)
         if self.ema is not None:
             ckpt["ema"] = self.ema.state_dict()
         return ckpt

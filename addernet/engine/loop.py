@@ -51,7 +51,7 @@ def non_finite_state(model, task, device, record=None):
     """Names of what is NaN/inf: the epoch's losses in ``record``, any model or task tensor (agreed by all ranks)."""
     bad = [k for k in ("train_loss", "val_loss") if record is not None and not math.isfinite(record[k])]
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
-    tensors.update({f"task.{n}.{k}": v for n, sd in task.state_dict().items() for k, v in sd.items()})
+    tensors.update({f"task.{n}.{k}": v for n, sd in task.extra_state_dicts().items() for k, v in sd.items()})
     floats = [(k, v) for k, v in tensors.items() if v.is_floating_point()]
     if floats:
         finite = torch.stack([torch.isfinite(v).all().to(device) for _, v in floats]).tolist()  # one sync

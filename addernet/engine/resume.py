@@ -147,7 +147,7 @@ def restore(path, cfg, *, model, task, optimizer, scheduler, scaler, sums, ema, 
     if not isinstance(task_state, dict):
         raise CheckpointError(f"{path}: its task field must be a dict of state_dicts, found "
                               f"{type(task_state).__name__}; resume from an intact copy or start a fresh run dir.")
-    task.load_state_dict(task_state, source=path)
+    task.load_extra_state_dicts(task_state, source=path)
     if ema is not None and ckpt.get("ema"):
         _load_state(ema, ckpt["ema"], "weight average (trainer.ema_decay)", path)
     elif ema is not None:

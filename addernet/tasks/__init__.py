@@ -7,7 +7,7 @@ with ``@register_task(name)``), or a dotted path ``package.module.ClassName`` to
 import importlib
 
 from ..errors import ConfigError
-from .base import TASKS, TrainingTask, register_task, unwrap
+from .base import TASKS, Student, TrainingTask, register_task, unwrap
 from .classification import ClassificationTask
 from .kd import KDTask
 from .pkkd import PKKDTask
@@ -29,11 +29,11 @@ def task_class(name):
 
 
 def build_task(model, cfg):
-    """The task of ``cfg.task`` around ``model`` (validated first)."""
-    cls = task_class(cfg.task.name)
-    cls.check_config(cfg.task, cfg)
-    return cls(model, cfg.task, cfg)
+    """The task of ``cfg.task`` around ``model`` (validated first), told what it needs of cfg.model and cfg.data."""
+    cls, student = task_class(cfg.task.name), Student.from_config(cfg)
+    cls.check_config(cfg.task, student)
+    return cls(model, cfg.task, student)
 
 
-__all__ = ["TASKS", "ClassificationTask", "KDTask", "PKKDTask", "TrainingTask", "build_task", "register_task",
+__all__ = ["TASKS", "ClassificationTask", "KDTask", "PKKDTask", "Student", "TrainingTask", "build_task", "register_task",
            "task_class", "unwrap"]

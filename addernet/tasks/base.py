@@ -8,8 +8,10 @@ scalar in the returned dict is averaged over the epoch and logged as ``train_<na
 metrics.jsonl, ``train/<name>`` in TensorBoard and on the epoch's log line.
 """
 import contextlib
+import dataclasses
 
 import torch.nn as nn
+from omegaconf import OmegaConf
 
 from ..checkpoint import load_weights
 from ..errors import ConfigError
@@ -30,12 +32,37 @@ def register_task(name):
     return add
 
 
-class TrainingTask:
-    """Base class. Subclasses implement ``forward`` and, when they own modules, ``extra_modules``.
+@dataclasses.dataclass(frozen=True)
+class Student:
+    """What a training method is told about the student and its data, instead of the whole config."""
+
+    model: dict        # the student's model config (name, layer, options): a teacher of its architecture, a twin
+    data_name: str
+    num_classes: int
+    in_channels: int
+    image_size: int
+
+    @classmethod
+    def from_config(cls, cfg):
+        d = cfg.data
+        return cls(OmegaConf.to_container(cfg.model, resolve=True), str(d.name), int(d.num_classes),
+                   int(d.in_channels), int(d.image_size))
+
+    def config_for(self, model):
+        """The config model_from_config builds ``model`` (a model config dict) from, for the student's data."""
+        return OmegaConf.create({"model": dict(model), "data": {"name": self.data_name, "num_classes": self.num_classes,
+                                                                "in_channels": self.in_channels,
+                                                                "image_size": self.image_size}})
+
+
+class TrainingTask(nn.Module):
+    """Base class. Subclasses implement ``forward`` and assign the modules they own as attributes.
 
     ``self.model`` is the bare model (what checkpoints hold as ``model``); ``self.net`` is what to call
     in ``forward`` (the DDP wrapper under torchrun, else the model itself); ``self.cfg`` the task's
-    config node (``cfg.task``); ``self.amp`` the trainer.amp setting, applied by ``self.autocast()``.
+    config node (``cfg.task``); ``self.student`` what the method knows of the student and its data;
+    ``self.amp`` the trainer.amp setting, applied by ``self.autocast()``. Being an nn.Module, the task
+    moves its modules with ``.to()`` and switches them with ``.train()`` / ``.eval()``.
     """
 
     #: Extra-module names that train: they go into the optimizer, DDP, and train() mode.
@@ -43,42 +70,40 @@ class TrainingTask:
     #: Keys of cfg.task this task reads beyond those of configs/task/*.yaml (unknown keys are refused).
     config_keys = ()
 
-    def __init__(self, model, cfg, full_cfg=None):
-        self.model, self.net, self.cfg, self.full_cfg = model, model, cfg, full_cfg
-        self.device, self.amp = None, "off"
-        self._nets = {}
+    def __init__(self, model, cfg, student=None):
+        super().__init__()
+        self.model, self.cfg, self.student, self.amp = model, cfg, student, "off"
+        self._wrapped = {}  # name -> DDP wrapper (a plain dict: not a submodule)
 
     @classmethod
-    def check_config(cls, cfg, full_cfg):
+    def check_config(cls, cfg, student):
         """Validate ``cfg`` (the task node) before anything is built; raise ConfigError naming the key."""
 
     def extra_modules(self):
-        """name -> nn.Module owned by the task (state saved in checkpoints under ``task``)."""
-        return {}
+        """name -> nn.Module owned by the task (state saved in checkpoints under ``task``): its submodules."""
+        return {name: m for name, m in self.named_children() if name != "model"}
 
     def eval_models(self):
         """name -> model evaluated on the validation set every epoch next to the student (``<name>_val_*``)."""
         return {}
 
-    def setup(self, device, amp, memory_format):
-        """Move the extra modules to the training device; remember the autocast setting."""
-        self.device, self.amp = device, amp
-        for module in self.extra_modules().values():
-            module.to(device=device, memory_format=memory_format)
-
     def distribute(self, wrap):
         """Wrap the model and the trainable extra modules with ``wrap`` (DDP); forward calls ``self.net``."""
-        self.net = wrap(self.model)
-        self._nets = {name: wrap(m) for name, m in self.extra_modules().items() if name in self.trainable}
+        self._wrapped = {"model": wrap(self.model)}
+        self._wrapped.update({name: wrap(m) for name, m in self.extra_modules().items() if name in self.trainable})
+
+    @property
+    def net(self):
+        return self._wrapped.get("model", self.model)
 
     def extra_net(self, name):
         """The callable for an extra module: its DDP wrapper when it trains under torchrun."""
-        return self._nets.get(name) or self.extra_modules()[name]
+        return self._wrapped.get(name) or self.extra_modules()[name]
 
     def no_sync(self):
         """DDP's no_sync on every wrapper (model and trainable extras): a micro-batch without gradient all-reduce."""
         stack = contextlib.ExitStack()
-        for net in (self.net, *self._nets.values()):
+        for net in self._wrapped.values():
             if isinstance(net, nn.parallel.DistributedDataParallel):
                 stack.enter_context(net.no_sync())
         return stack
@@ -91,13 +116,14 @@ class TrainingTask:
 
     def train(self, mode=True):
         """Training mode for the model and trainable extras; frozen extras always stay in eval mode."""
-        self.net.train(mode)
+        super().train(mode)
         for name, module in self.extra_modules().items():
             module.train(mode and name in self.trainable)
         return self
 
     def autocast(self):
-        return autocast(self.device, self.amp) if self.device is not None else contextlib.nullcontext()
+        """torch.autocast for trainer.amp on the model's device."""
+        return autocast(next(self.model.parameters()).device, self.amp)
 
     def forward(self, images, target):
         """dict(loss=scalar to minimise, output=student logits N x classes, **named scalar parts)."""
@@ -108,13 +134,12 @@ class TrainingTask:
         """task.label_smoothing: applied to the cross-entropy on the labels (0: off)."""
         return float(self.cfg.get("label_smoothing") or 0.0)
 
-    def __call__(self, images, target):
-        return self.forward(images, target)
-
-    def state_dict(self):
+    def extra_state_dicts(self):
+        """{name: state_dict} of the extra modules: the checkpoint's ``task`` field."""
         return {name: m.state_dict() for name, m in self.extra_modules().items()}
 
-    def load_state_dict(self, state, source="checkpoint"):
+    def load_extra_state_dicts(self, state, source="checkpoint"):
+        """Load a checkpoint's ``task`` field (CheckpointError/ConfigError naming ``source`` when it does not fit)."""
         modules = self.extra_modules()
         if set(state) != set(modules):
             raise ConfigError(f"{source} holds task state for {sorted(state)} but task={self.cfg.get('name')} "

@@ -55,20 +55,17 @@ class KDTask(TrainingTask):
     """Student trained on (1 - alpha) CE + alpha T^2 KL to a frozen teacher's logits."""
 
     @classmethod
-    def check_config(cls, cfg, full_cfg):
+    def check_config(cls, cfg, student):
         check_teacher_path(cfg)
         check_temperature(cfg)
         alpha = number(cfg, "alpha", "task.alpha")
         if alpha > 1:
             raise ConfigError(f"task.alpha must be in [0, 1] (the weight of the distillation term), got {alpha}.")
 
-    def __init__(self, model, cfg, full_cfg=None):
-        super().__init__(model, cfg, full_cfg)
-        self.teacher, desc = load_teacher(cfg, full_cfg)
+    def __init__(self, model, cfg, student):
+        super().__init__(model, cfg, student)
+        self.teacher, desc = load_teacher(cfg, student)
         log.info("kd teacher %s (frozen): T=%g alpha=%g", desc, cfg.temperature, cfg.alpha)
-
-    def extra_modules(self):
-        return {"teacher": self.teacher}
 
     def eval_models(self):
         return {"teacher": self.teacher}

@@ -69,7 +69,7 @@ class KernelHead(nn.Module):
         self.updates += 1
 
 
-def layer_order(teacher, names, data):
+def layer_order(teacher, names, student):
     """(name, output H x W) of the conv layers ``names`` in execution order: one dry forward at the input size."""
     order, handles = [], []
     modules = dict(teacher.named_modules())
@@ -78,7 +78,7 @@ def layer_order(teacher, names, data):
             lambda m, i, o, name=name: order.append((name, tuple(o.shape[2:]))) if name not in dict(order) else None))
     was_training = teacher.training
     try:
-        check_teacher_fits(teacher, "(the CNN twin)", data)
+        check_teacher_fits(teacher, "(the CNN twin)", student)
     finally:
         for h in handles:
             h.remove()
@@ -129,9 +129,9 @@ class PKKDTask(TrainingTask):
     """AdderNet student distilled from its CNN twin: labels + teacher logits + kernel-mapped layer outputs."""
 
     @classmethod
-    def check_config(cls, cfg, full_cfg):
-        if full_cfg.model.layer != "adder":
-            raise ConfigError(f"task=pkkd distils a CNN into an AdderNet, but model.layer={full_cfg.model.layer} "
+    def check_config(cls, cfg, student):
+        if student.model["layer"] != "adder":
+            raise ConfigError(f"task=pkkd distils a CNN into an AdderNet, but model.layer={student.model['layer']} "
                               f"builds no adder layers; use model.layer=adder (task=kd distils into a CNN).")
         check_teacher_path(cfg, allowed=(COTRAIN,))
         check_temperature(cfg)
@@ -153,28 +153,27 @@ class PKKDTask(TrainingTask):
             raise ConfigError(f"task.teacher_loss={cfg.teacher_loss} trains the teacher, but task.teacher="
                               f"{cfg.teacher} is frozen; use task.teacher=cotrain or task.teacher_loss=ce.")
 
-    def __init__(self, model, cfg, full_cfg=None, teacher=None):
+    def __init__(self, model, cfg, student, teacher=None):
         """``teacher`` (optional) replaces the CNN twin built from the config: for programmatic use and tests."""
-        super().__init__(model, cfg, full_cfg)
+        super().__init__(model, cfg, student)
         self.cotrain = cfg.teacher == COTRAIN
-        model_name = full_cfg.model.name
+        model_name = student.model["name"]
         if teacher is not None:
             desc = f"{type(teacher).__name__} (given)"
         elif self.cotrain:
-            twin = OmegaConf.create({"model": {**OmegaConf.to_container(full_cfg.model, resolve=True), "layer": "conv"},
-                                     "data": OmegaConf.to_container(full_cfg.data, resolve=True)})
+            twin = student.config_for({**student.model, "layer": "conv"})
             teacher, desc = model_from_config(twin), f"{model_name} (conv), fresh, co-trained"
         else:
-            teacher, desc = load_teacher(cfg, full_cfg, default_layer="conv")
+            teacher, desc = load_teacher(cfg, student, default_layer="conv")
         self.teacher = teacher
         if not self.cotrain:
             teacher.requires_grad_(False)
         self.trainable = ("teacher", "rho") if self.cotrain else ("rho",)
         names = twin_layers(model, teacher, model_name)
-        order = layer_order(teacher, names, full_cfg.data)
+        order = layer_order(teacher, names, student)
         self.layers = select_layers(order, cfg.layers if isinstance(cfg.layers, str) else list(cfg.layers))
         student_modules, teacher_modules = dict(model.named_modules()), dict(teacher.named_modules())
-        self.head = KernelHead([student_modules[n].out_channels for n in self.layers], cfg.sigma_momentum,
+        self.rho = KernelHead([student_modules[n].out_channels for n in self.layers], cfg.sigma_momentum,
                                cfg.rho_init, bool(cfg.rho_bias))
         self._capturing, self._student, self._teacher = False, {}, {}
         for name in self.layers:
@@ -194,9 +193,6 @@ class PKKDTask(TrainingTask):
                     store[name] = output if module.bias is None else output - module.bias.view(1, -1, 1, 1)
         return hook
 
-    def extra_modules(self):
-        return {"teacher": self.teacher, "rho": self.head}
-
     def eval_models(self):
         return {"teacher": self.teacher}
 
@@ -213,15 +209,15 @@ class PKKDTask(TrainingTask):
             means = torch.stack([full(y).abs().mean() for y in student] + [t.abs().mean() for t in teacher])
             if dist.is_distributed():
                 means = dist.all_reduce_sum(means) / dist.get_world_size()
-            self.head.update(*means.split(len(student)))
+            self.rho.update(*means.split(len(student)))
             if kernel:
-                targets = [gaussian_kernel(d, scale * s) for d, s in zip(teacher, self.head.teacher_scale)]
+                targets = [gaussian_kernel(d, scale * s) for d, s in zip(teacher, self.rho.teacher_scale)]
             else:
-                targets = [t / s for t, s in zip(teacher, self.head.teacher_scale)]
+                targets = [t / s for t, s in zip(teacher, self.rho.teacher_scale)]
         if kernel:
-            inputs = [laplacian_kernel(y, scale * s) for y, s in zip(student, self.head.student_scale)]
+            inputs = [laplacian_kernel(y, scale * s) for y, s in zip(student, self.rho.student_scale)]
         else:
-            inputs = [full(y) / s for y, s in zip(student, self.head.student_scale)]
+            inputs = [full(y) / s for y, s in zip(student, self.rho.student_scale)]
         student_kernels, teacher_kernels = [g.detach() for g in inputs], targets
         with torch.autocast(inputs[0].device.type, enabled=False):  # rho on the student side (default) or the teacher's
             if self.cfg.rho_side == "student":
