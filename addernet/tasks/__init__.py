@@ -5,12 +5,17 @@ with ``@register_task(name)``), or a dotted path ``package.module.ClassName`` to
 (a method kept outside the package).
 """
 import importlib
+import pkgutil
 
 from ..errors import ConfigError
 from .base import TASKS, Student, TrainingTask, register_task, unwrap
 from .classification import ClassificationTask
 from .kd import KDTask
 from .pkkd import PKKDTask
+
+# every module of this package is imported, so a module with a @register_task class is a training method
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def task_class(name):
