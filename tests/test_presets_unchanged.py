@@ -4,6 +4,11 @@ tests/data/preset_configs.json holds the resolved config of train.yaml and of ev
 composed from the configs without those features (the keys in NEW_KEYS); the MNIST presets hold their data
 as one tensor (data.on_device=true), which gives the same batches as the per-image path. Composing them and removing those
 keys must give exactly those values; those keys must be at their off value in every preset.
+
+tests/data/composed_configs.json holds the whole resolved config of every configs/experiment preset, every
+configs/data option (composed into train.yaml), train.yaml and test.yaml: the shared blocks the presets and data
+options include through their defaults lists (configs/experiment/_blocks/, configs/data/_loader.yaml) must
+compose to exactly those values.
 """
 import json
 from pathlib import Path
@@ -14,6 +19,7 @@ from omegaconf import OmegaConf
 from helpers import REPO, compose
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "preset_configs.json").read_text())
+COMPOSED = json.loads((Path(__file__).parent / "data" / "composed_configs.json").read_text())
 # key -> its off value (the option is disabled)
 NEW_KEYS = {
     "task.label_smoothing": 0.0,
@@ -54,3 +60,22 @@ def test_preset_composes_to_the_same_values_with_every_new_option_off(preset):
     assert config == REFERENCE[preset]
     assert found == {k: v for k, v in NEW_KEYS.items() if k in found}
     assert set(NEW_KEYS) - set(found) <= {"data.train_size", "data.val_size"}  # FakeData's sizes stay as they were
+
+
+def _options(group):
+    """The options of configs/<group>/ (files starting with ``_`` are blocks the options include)."""
+    return {p.stem for p in (REPO / "configs" / group).glob("*.yaml") if not p.stem.startswith("_")}
+
+
+def test_every_preset_and_data_option_is_pinned():
+    pinned = {k for k in COMPOSED if "=" in k}
+    assert pinned == {f"experiment={p}" for p in _options("experiment")} | {f"data={d}" for d in _options("data")}
+
+
+@pytest.mark.parametrize("choice", sorted(COMPOSED))
+def test_composes_to_exactly_the_pinned_config(choice):
+    if choice == "(test.yaml)":
+        cfg = compose(["checkpoint=x.pt"], config_name="test")
+    else:
+        cfg = compose([] if choice == "(train.yaml)" else [choice])
+    assert OmegaConf.to_container(cfg, resolve=True) == COMPOSED[choice]
