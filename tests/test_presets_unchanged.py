@@ -19,7 +19,6 @@ from omegaconf import OmegaConf
 from helpers import REPO, compose
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "preset_configs.json").read_text())
-COMPOSED = json.loads((Path(__file__).parent / "data" / "composed_configs.json").read_text())
 # key -> its off value (the option is disabled)
 NEW_KEYS = {
     "task.label_smoothing": 0.0,
@@ -60,6 +59,9 @@ def test_preset_composes_to_the_same_values_with_every_new_option_off(preset):
     assert config == REFERENCE[preset]
     assert found == {k: v for k, v in NEW_KEYS.items() if k in found}
     assert set(NEW_KEYS) - set(found) <= {"data.train_size", "data.val_size"}  # FakeData's sizes stay as they were
+
+
+COMPOSED = json.loads((REPO / "tests" / "data" / "composed_configs.json").read_text())
 
 
 def _options(group):
