@@ -13,11 +13,13 @@ import contextlib
 import importlib
 import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
+from addernet.errors import AdderNetError
 from addernet.models import build_model
 
 adder_module = importlib.import_module("addernet.ops.adder2d")  # the module (the package exports the function)
@@ -93,4 +95,8 @@ def main():
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()
+    try:
+        main()
+    except AdderNetError as e:  # one line and the error's exit code, as train.py
+        print(f"bench_amp.py: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

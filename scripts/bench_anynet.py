@@ -13,12 +13,14 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
 from addernet import AdaptiveLR
+from addernet.errors import AdderNetError
 from addernet.models import build_model
 
 PAIRS = {
@@ -98,4 +100,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except AdderNetError as e:  # one line and the error's exit code, as train.py
+        print(f"bench_anynet.py: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

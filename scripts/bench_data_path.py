@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from addernet.errors import AdderNetError
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -103,4 +105,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except AdderNetError as e:  # one line and the error's exit code, as train.py
+        print(f"bench_data_path.py: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from addernet.errors import AdderNetError
+
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("cnn", "adder", "kd", "pkkd", "pkkd_nokernel", "pkkd_frozen")
 
@@ -228,4 +230,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except AdderNetError as e:  # one line and the error's exit code, as train.py
+        print(f"bench_distill.py: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

@@ -44,6 +44,7 @@ import torch.nn as nn
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
+from addernet.errors import AdderNetError
 from addernet.ops import Adder2d
 from addernet.ops.kernels import int_cpu
 from addernet.models import build_model
@@ -242,4 +243,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except AdderNetError as e:  # one line and the error's exit code, as train.py
+        print(f"bench_quant.py: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

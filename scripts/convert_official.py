@@ -5,52 +5,26 @@
 
 The output holds the renamed weights and a config (model and data groups, as configs/test.yaml
 composes them), so `python test.py checkpoint=OUT` needs no model= override. The weights are
-checked against the model before anything is written; the file is written atomically.
+checked against the model before anything is written; the file is written atomically
+(addernet.checkpoint.official.convert_official).
 """
 import argparse
-import hashlib
-import os
 import sys
 
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from addernet.checkpoint import FORMAT_VERSION, CheckpointError, load_checkpoint, save_checkpoint
-from addernet.checkpoint.official import OFFICIAL_CLASSES, is_official, load_official, official_to_ours
-from addernet.engine import ConfigError, model_from_config
+from addernet.checkpoint import FORMAT_VERSION
+from addernet.checkpoint.official import convert_official
+from addernet.engine import model_from_config
+from addernet.engine.config import CONFIGS
+from addernet.engine.entry_checks import check_argv
+from addernet.errors import AdderNetError
 from addernet.models import MODELS
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Default data config per model family (the official files: ResNet-20 on CIFAR-10, ResNet-50 on ImageNet).
 DATASETS = {"CIFAR": "cifar10", "MNIST": "mnist", "ImageNet": "imagenet"}
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def convert(src, dst, model, layer, data):
-    """Read the official file `src`, check it against `model`, write our checkpoint `dst`; returns dst."""
-    ckpt = load_checkpoint(src, map_location="cpu")
-    if not is_official(ckpt):
-        raise CheckpointError(f"{src} is not a bare state_dict like the official AdderNet checkpoints"
-                              + (" (it already is a checkpoint of this repo)" if isinstance(ckpt, dict)
-                                 and "config" in ckpt else "") + "; nothing to convert.")
-    with initialize_config_dir(config_dir=os.path.join(ROOT, "configs"), version_base="1.3"):
-        cfg = compose("test", overrides=[f"model={model}", f"model.layer={layer}", f"data={data}"])
-    config = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in ("model", "data")}
-    load_official(model_from_config(OmegaConf.create(config)), ckpt, source=src,
-                  hint="Pick the checkpoint's architecture with --model (and --layer/--data).")
-    out = {"format_version": FORMAT_VERSION, "model": official_to_ours(ckpt), "config": config,
-           "source": {"file": os.path.basename(src), "sha256": sha256(src), "converted_by": "scripts/convert_official.py"}}
-    if model in OFFICIAL_CLASSES and data == "cifar10":  # the class names the official weights were trained on
-        out["classes"] = OFFICIAL_CLASSES[model]
-    return save_checkpoint(out, dst)
 
 
 def main(argv=None):
@@ -65,14 +39,18 @@ def main(argv=None):
     if args.model not in MODELS:
         p.error(f"unknown --model {args.model!r}; choose one of {', '.join(MODELS)}")
     data = args.data or DATASETS[MODELS[args.model][1]]
+    overrides = [f"model={args.model}", f"model.layer={args.layer}", f"data={data}"]
     try:
-        out = convert(args.src, args.dst, args.model, args.layer, data)
-    except (CheckpointError, ConfigError) as e:
-        sys.exit(f"convert_official.py: error: {e}")
-    except Exception as e:  # bad --model/--data names surface as Hydra errors
-        if type(e).__module__.startswith(("hydra", "omegaconf")):
-            sys.exit(f"convert_official.py: error: {e} (see configs/model/ and configs/data/)")
-        raise
+        check_argv(overrides, "test")  # a data name that is not in configs/data/: one line with the choices
+        with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+            cfg = compose("test", overrides=overrides)
+        config = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in ("model", "data")}
+        out = convert_official(args.src, args.dst, model_from_config(OmegaConf.create(config)), config,
+                               format_version=FORMAT_VERSION,
+                               hint="Pick the checkpoint's architecture with --model (and --layer/--data).")
+    except (AdderNetError, OmegaConfBaseException) as e:
+        print(f"convert_official.py: error: {e}", file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 2))
     print(f"wrote {out}: model={args.model} model.layer={args.layer} data={data}; "
           f"evaluate with: python test.py checkpoint={out}")
 

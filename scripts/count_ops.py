@@ -19,6 +19,8 @@ import hydra
 from omegaconf import OmegaConf
 
 from addernet.analysis import count_model_ops, format_report
+from addernet.engine.entry_checks import groups_listing, precheck
+from addernet.errors import AdderNetError
 from addernet.models import MODELS, NATIVE_DATA
 
 
@@ -31,6 +33,9 @@ def native_data(argv):
     return f"data={NATIVE_DATA[MODELS[name][1]][0]}" if name in MODELS and MODELS[name][1] in NATIVE_DATA else None
 
 
+OmegaConf.register_new_resolver("entry_groups", groups_listing, replace=True)  # --help of configs/train.yaml
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg):
     try:
@@ -38,14 +43,19 @@ def main(cfg):
                    if k not in ("name", "layer", "image_size")}  # the input size is data.image_size
         result = count_model_ops(cfg.model.name, cfg.model.layer, cfg.data.num_classes,
                                  cfg.data.in_channels, cfg.data.image_size, **options)
-    except ValueError as e:
-        sys.exit(f"count_ops: {e}")
+    except (AdderNetError, ValueError) as e:  # one line and the error's exit code, as train.py
+        print(f"count_ops.py: error: {e}", file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 2))
     print(format_report(result))
     print(json.dumps(result))
 
 
 if __name__ == "__main__":
     # A read-only tool: write no Hydra run directory (the user's own overrides come later and win).
+    error = precheck(sys.argv[1:], "train", run_dir=False)  # before Hydra, whose own errors are multi-line, exit 1
+    if error:
+        print(f"count_ops.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
     native = native_data(sys.argv[1:])
     sys.argv[1:1] = ["hydra.output_subdir=null", "hydra.run.dir=."] + ([native] if native else [])
     main()

@@ -13,9 +13,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from addernet.checkpoint import CheckpointError
-from addernet.data import DataError
-from addernet.engine import ConfigError
+from addernet.errors import AdderNetError
 from addernet.quant import quantize_for_eval
 from addernet.engine.eval_run import load_float_model
 from addernet.engine.entry_checks import check_output_path, precheck
@@ -32,9 +30,9 @@ def main(cfg):
         example = torch.zeros(2, int(cfg.data.in_channels), size, size)
         export_onnx(model.eval(), cfg.out, example, int(cfg.opset))
         print(json.dumps({"out": str(cfg.out), "opset": int(cfg.opset), "quant": info}), flush=True)
-    except (CheckpointError, ConfigError, DataError, OmegaConfBaseException, ValueError, ImportError) as e:
+    except (AdderNetError, OmegaConfBaseException, ValueError, ImportError) as e:
         print(f"export_onnx.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(getattr(e, "exit_code", 2))
 
 
 if __name__ == "__main__":

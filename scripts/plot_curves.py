@@ -4,12 +4,14 @@
 
 Each RUN_DIR holds the `metrics.jsonl` that train.py writes (one JSON object per epoch). The runs are
 overlaid on shared axes (one colour per run; train dashed, val solid), so adder and CNN compare
-directly. matplotlib is an optional dependency of this script only: `pip install matplotlib`.
+directly. matplotlib is an optional dependency of this script only: `pip install -e '.[plot]'`.
 """
 import argparse
 import json
 import sys
 from pathlib import Path
+
+from addernet.errors import AdderNetError, ConfigError, DataError
 
 # (panel title, y label, train key, val key) for the two panels.
 PANELS = (("top-1 accuracy", "top-1 (%)", "train_top1", "val_top1"),
@@ -84,14 +86,19 @@ def main(argv=None):
     try:
         runs = [(label, load_metrics(d)) for label, d in zip(labels, args.run_dirs)]
     except (OSError, ValueError) as e:
-        sys.exit(f"error: {e}")
+        raise DataError(str(e)) from None
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        sys.exit("error: plot_curves.py needs matplotlib, an optional extra: pip install matplotlib")
+        raise ConfigError("plot_curves.py needs matplotlib, an optional extra: pip install -e '.[plot]' "
+                          "(or pip install matplotlib)") from None
     plot(runs, args.out)
     print(f"wrote {args.out} ({len(runs)} run(s))")
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except AdderNetError as e:  # one line and the error's exit code, as train.py
+        print(f"plot_curves.py: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

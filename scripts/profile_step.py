@@ -20,6 +20,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from addernet.errors import AdderNetError
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CATEGORIES = ("adder forward: kernel", "adder forward: packing/copies", "adder input-grad: kernel",
@@ -152,4 +154,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except AdderNetError as e:  # one line and the error's exit code, as train.py
+        print(f"profile_step.py: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

@@ -13,6 +13,7 @@ import copy
 import datetime
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from hydra import compose, initialize_config_dir
 REPO = Path(__file__).resolve().parents[1]
 from addernet.data import build_loader
 from addernet.engine import evaluate
+from addernet.errors import AdderNetError
 from addernet.quant import calibration_loader, quantize_model
 from addernet.quant import convert as qconvert
 from addernet.quant.calibration import recalibrate_bn
@@ -77,4 +79,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except AdderNetError as e:  # one line and the error's exit code, as train.py
+        print(f"quant_accuracy.py: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

@@ -14,8 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from addernet.checkpoint import CheckpointError
-from addernet.data import DataError
+from addernet.errors import AdderNetError
 from addernet.engine import ConfigError
 from addernet.quant import quantize_for_eval, save_quantized
 from addernet.engine.eval_run import load_float_model
@@ -35,9 +34,9 @@ def main(cfg):
         settings["source"] = str(path)
         save_quantized(cfg.out, model, config, settings)
         print(json.dumps({"out": str(cfg.out), **settings}), flush=True)
-    except (CheckpointError, ConfigError, DataError, OmegaConfBaseException) as e:
+    except (AdderNetError, OmegaConfBaseException) as e:
         print(f"quantize.py: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(getattr(e, "exit_code", 2))
 
 
 if __name__ == "__main__":

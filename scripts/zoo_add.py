@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from addernet.checkpoint import load_checkpoint, save_checkpoint
+from addernet.errors import AdderNetError, ConfigError
 from addernet.zoo import MANIFEST, ZOO, inference_checkpoint, manifest, sha256
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,8 +29,10 @@ def evaluate(file, data_root, *extra):
     cmd = [sys.executable, str(ROOT / "test.py"), f"checkpoint={file}", f"data.root={data_root}", "data.download=false",
            *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if out.returncode:
-        sys.exit(f"zoo_add: error: {' '.join(cmd)} failed (exit {out.returncode}): {out.stderr.strip()[-500:]}")
+    if out.returncode:  # test.py's own exit code
+        print(f"zoo_add.py: error: {' '.join(cmd)} failed (exit {out.returncode}): {out.stderr.strip()[-500:]}",
+              file=sys.stderr)
+        sys.exit(out.returncode)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -46,14 +49,14 @@ def main():
     ckpt = load_checkpoint(args.run_dir / "checkpoints" / "last.pt")
     history, planned = ckpt.get("history") or [], ckpt["config"]["trainer"]["epochs"]
     if ckpt.get("step") or ckpt.get("epoch") != planned or len(history) != planned:
-        sys.exit(f"zoo_add: error: {args.run_dir} is unfinished (epoch {ckpt.get('epoch')} of {planned}, step "
-                 f"{ckpt.get('step')}); finish the run first.")
+        raise ConfigError(f"{args.run_dir} is unfinished (epoch {ckpt.get('epoch')} of {planned}, step "
+                          f"{ckpt.get('step')}); finish the run first.")
     file = ZOO / f"{args.name}.pt"
     save_checkpoint(inference_checkpoint(ckpt), file)
     result = evaluate(file, args.data_root)
     final = history[-1]
     if abs(result["top1"] - final["val_top1"]) > 1e-9:
-        sys.exit(f"zoo_add: error: test.py gives top-1 {result['top1']} for {file}, but the run's last validation "
+        sys.exit(f"zoo_add.py: error: test.py gives top-1 {result['top1']} for {file}, but the run's last validation "
                  f"gave {final['val_top1']}; investigate before publishing.")
     best = max(history, key=lambda r: r["val_top1"])
     entry = {"file": file.name, "preset": args.preset, "command": args.command,
@@ -74,4 +77,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except AdderNetError as e:  # one line and the error's exit code, as train.py
+        print(f"zoo_add.py: error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

@@ -78,14 +78,14 @@ def test_cli_without_matplotlib_says_how_to_install(tmp_path):
     code = ("import sys, runpy; sys.modules['matplotlib'] = None; "
             f"sys.argv = ['plot_curves.py', {str(a)!r}]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert r.returncode == 1
+    assert r.returncode == 2  # a user error: one line, exit 2, as train.py
     assert "pip install matplotlib" in r.stderr
     assert "Traceback" not in r.stderr
 
 
 def test_cli_missing_run_dir_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nope")], capture_output=True, text=True)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "metrics.jsonl not found" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -4,6 +4,11 @@ tests/data/preset_configs.json holds the resolved config of train.yaml and of ev
 composed from the configs without those features (the keys in NEW_KEYS); the MNIST presets hold their data
 as one tensor (data.on_device=true), which gives the same batches as the per-image path. Composing them and removing those
 keys must give exactly those values; those keys must be at their off value in every preset.
+
+tests/data/composed_configs.json holds the whole resolved config of every configs/experiment preset, every
+configs/data option (composed into train.yaml), train.yaml and test.yaml: the shared blocks the presets and data
+options include through their defaults lists (configs/experiment/_blocks/, configs/data/_loader.yaml) must
+compose to exactly those values.
 """
 import json
 from pathlib import Path
@@ -44,6 +49,12 @@ DATA_KINDS = {
 }
 
 
+def _pop_data_kind(config):
+    """Check and remove the data keys that say how the data is loaded (they replaced tables keyed by data.name)."""
+    kind = {k: config["data"].pop(k) for k in ("kind", "dataset", "native_size") if k in config["data"]}
+    assert kind == DATA_KINDS[config["data"]["name"]]
+
+
 def _split(config, reference):
     """(config without the NEW_KEYS that ``reference`` lacks, {key: value} of those removed)."""
     found = {}
@@ -62,8 +73,33 @@ def test_preset_composes_to_the_same_values_with_every_new_option_off(preset):
     assert {p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml")} <= set(REFERENCE) | {"debug"}
     cfg = compose([] if preset == "(defaults)" else [f"experiment={preset}"])
     config, found = _split(OmegaConf.to_container(cfg, resolve=True), REFERENCE[preset])
-    kind = {k: config["data"].pop(k) for k in ("kind", "dataset", "native_size") if k in config["data"]}
-    assert kind == DATA_KINDS[config["data"]["name"]]
+    _pop_data_kind(config)
     assert config == REFERENCE[preset]
     assert found == {k: v for k, v in NEW_KEYS.items() if k in found}
     assert set(NEW_KEYS) - set(found) <= {"data.train_size", "data.val_size"}  # FakeData's sizes stay as they were
+
+
+COMPOSED = json.loads((REPO / "tests" / "data" / "composed_configs.json").read_text())
+
+
+def _options(group):
+    """The options of configs/<group>/ (files starting with ``_`` are blocks the options include)."""
+    return {p.stem for p in (REPO / "configs" / group).glob("*.yaml") if not p.stem.startswith("_")}
+
+
+def test_every_preset_and_data_option_is_pinned():
+    pinned = {k for k in COMPOSED if "=" in k}
+    assert pinned == {f"experiment={p}" for p in _options("experiment")} | {f"data={d}" for d in _options("data")}
+
+
+@pytest.mark.parametrize("choice", sorted(COMPOSED))
+def test_composes_to_exactly_the_pinned_config(choice):
+    if choice == "(test.yaml)":
+        cfg = compose(["checkpoint=x.pt"], config_name="test")
+    else:
+        cfg = compose([] if choice == "(train.yaml)" else [choice])
+    config = OmegaConf.to_container(cfg, resolve=True)
+    _pop_data_kind(config)
+    if "backend" in config.get("trainer", {}):
+        assert config["trainer"].pop("backend") == NEW_KEYS["trainer.backend"]
+    assert config == COMPOSED[choice]

@@ -5,17 +5,20 @@ plain state_dicts saved from nn.DataParallel: every key starts with `module.`, a
 called `adder` (an adder bias `b`), and they use the legacy (pre-1.6) serialisation with CUDA
 storages, which load_checkpoint reads with map_location and weights_only=True. Our models keep the
 official module names (addernet/models), so mapping is a rename; no official code is needed.
+``convert_official`` writes an official file as a checkpoint of this repository (scripts/convert_official.py).
 
 The official AdderNet code and checkpoints: Copyright (C) 2020 Huawei Technologies Co., Ltd., BSD 3-Clause
 (the notice is in LICENSE).
 """
+import hashlib
+import os
 from collections import OrderedDict
 from collections.abc import Mapping
 
 import torch
 
 from ..ops import Adder2d
-from .io import CheckpointError, _listing, load_weights
+from .io import CheckpointError, _listing, load_checkpoint, load_weights, save_checkpoint
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 # model name -> the class names (label order) of the official checkpoint of that model
@@ -63,3 +66,32 @@ def load_official(model, state_dict, source="checkpoint", hint=""):
                                          f"{type(modules[wrong[0]]).__name__}, not Adder2d:"] + _listing(
                                              "non-adder layers", wrong)[1:] + ([hint] if hint else [])))
     return load_weights(model, state, source, hint)
+
+
+def convert_official(src, dst, model, config, *, format_version, hint=""):
+    """Write the official checkpoint file ``src`` as a checkpoint of this repository at ``dst``; returns ``dst``.
+
+    ``config``: ``{"model": {...}, "data": {...}}``, the groups as configs/test.yaml composes them, stored so that
+    test.py needs no model= override; ``model``: the network built from it. The weights are loaded into it
+    (checked: names, shapes, adder layers) before anything is written; the file is written atomically and
+    records the source file's name and sha256. ``format_version``: addernet.checkpoint.FORMAT_VERSION (format.py
+    reads official files with this module, so this module does not import it).
+    """
+    ckpt = load_checkpoint(src, map_location="cpu")
+    if not is_official(ckpt):
+        mine = isinstance(ckpt, dict) and "config" in ckpt
+        raise CheckpointError(f"{src} is not a bare state_dict like the official AdderNet checkpoints"
+                              + (" (it already is a checkpoint of this repo)" if mine else "")
+                              + "; nothing to convert.")
+    load_official(model, ckpt, source=src, hint=hint)
+    digest = hashlib.sha256()
+    with open(src, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    out = {"format_version": format_version, "model": official_to_ours(ckpt), "config": config,
+           "source": {"file": os.path.basename(src), "sha256": digest.hexdigest(),
+                      "converted_by": "scripts/convert_official.py"}}
+    name = config["model"]["name"]
+    if name in OFFICIAL_CLASSES and config["data"]["name"] == "cifar10":  # the labels the official weights learnt
+        out["classes"] = OFFICIAL_CLASSES[name]
+    return save_checkpoint(out, dst)

@@ -116,7 +116,7 @@ class RunOutputs:
     def close(self, hparams=None, metrics=None):
         if self.writer is not None:
             if hparams is not None:
-                self.writer.add_hparams(hparams, metrics, run_name="hparams")
+                self.writer.add_hparams(hparams, metrics, run_name=".")  # the run's own dir: one run in TensorBoard
             self.writer.close()
             self.writer = None
         for tracker in self.trackers:
