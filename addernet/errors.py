@@ -4,6 +4,8 @@ Each subclass carries the process exit code its entry point uses: 2 for a mistak
 its inputs, 3 for a training run that diverged, 4 when another torchrun process stalled or died, 143 for a pre-empted run (128 + SIGTERM, what
 schedulers expect), 130 for a run stopped by Ctrl-C (128 + SIGINT). The message always says what was wrong and what to do.
 """
+import contextlib
+import sys
 
 
 class AdderNetError(Exception):
@@ -50,3 +52,14 @@ class Interrupted(Preempted):
     """SIGINT (Ctrl-C) arrived: handled like SIGTERM (last.pt saved), exit code 128 + SIGINT."""
 
     exit_code = 130
+
+
+@contextlib.contextmanager
+def reported(prog, errors=()):
+    """What an entry point does with a user's error raised in the block: ``<prog>: error: <message>`` on
+    stderr and the error's exit code (2 for ``errors``, further exception types to treat the same way)."""
+    try:
+        yield
+    except (AdderNetError, *errors) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 2))

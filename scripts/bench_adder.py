@@ -44,7 +44,7 @@ import torch.nn as nn
 
 from addernet import AdaptiveLR, Adder2d
 from addernet.analysis.layer_shapes import RESNET20 as R20, with_batch
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 from addernet.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -310,8 +310,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
+    with reported("bench_adder.py"):
         main()
-    except AdderNetError as e:  # one line and the error's exit code, as train.py
-        print(f"bench_adder.py: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)

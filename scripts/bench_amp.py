@@ -13,13 +13,12 @@ import contextlib
 import importlib
 import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 from addernet.models import build_model
 
 adder_module = importlib.import_module("addernet.ops.adder2d")  # the module (the package exports the function)
@@ -95,8 +94,5 @@ def main():
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
+    with reported("bench_amp.py"):
         main()
-    except AdderNetError as e:  # one line and the error's exit code, as train.py
-        print(f"bench_amp.py: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)

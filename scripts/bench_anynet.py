@@ -13,14 +13,13 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
 from addernet import AdaptiveLR
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 from addernet.models import build_model
 
 PAIRS = {
@@ -100,8 +99,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
+    with reported("bench_anynet.py"):
         main()
-    except AdderNetError as e:  # one line and the error's exit code, as train.py
-        print(f"bench_anynet.py: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)

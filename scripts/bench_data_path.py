@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,8 +105,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
+    with reported("bench_data_path.py"):
         main()
-    except AdderNetError as e:  # one line and the error's exit code, as train.py
-        print(f"bench_data_path.py: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)

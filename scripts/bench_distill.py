@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("cnn", "adder", "kd", "pkkd", "pkkd_nokernel", "pkkd_frozen")
@@ -230,8 +230,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
+    with reported("bench_distill.py"):
         main()
-    except AdderNetError as e:  # one line and the error's exit code, as train.py
-        print(f"bench_distill.py: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)

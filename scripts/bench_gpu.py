@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from addernet.analysis.layer_shapes import RESNET20 as R20, RESNET50 as R50, with_batch
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 
 # (name, batch, cin, cout, size, kernel, stride, padding): ResNet-20 at batch 256, ResNet-50 at 64
 RESNET20 = with_batch([row[0] for row in R20[:6]], 256)
@@ -249,8 +249,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
+    with reported("bench_gpu.py"):
         main()
-    except AdderNetError as e:  # one line and the error's exit code, as train.py
-        print(f"bench_gpu.py: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)

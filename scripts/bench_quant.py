@@ -44,7 +44,7 @@ import torch.nn as nn
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 from addernet.ops import Adder2d
 from addernet.ops.kernels import int_cpu
 from addernet.models import build_model
@@ -243,8 +243,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
+    with reported("bench_quant.py"):
         main()
-    except AdderNetError as e:  # one line and the error's exit code, as train.py
-        print(f"bench_quant.py: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)

@@ -9,7 +9,6 @@ checked against the model before anything is written; the file is written atomic
 (addernet.checkpoint.official.convert_official).
 """
 import argparse
-import sys
 
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -20,7 +19,7 @@ from addernet.checkpoint.official import convert_official
 from addernet.engine import model_from_config
 from addernet.engine.config import CONFIGS
 from addernet.engine.entry_checks import check_argv
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 from addernet.models import MODELS
 
 # Default data config per model family (the official files: ResNet-20 on CIFAR-10, ResNet-50 on ImageNet).
@@ -40,7 +39,7 @@ def main(argv=None):
         p.error(f"unknown --model {args.model!r}; choose one of {', '.join(MODELS)}")
     data = args.data or DATASETS[MODELS[args.model][1]]
     overrides = [f"model={args.model}", f"model.layer={args.layer}", f"data={data}"]
-    try:
+    with reported("convert_official.py", errors=(OmegaConfBaseException,)):
         check_argv(overrides, "test")  # a data name that is not in configs/data/: one line with the choices
         with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
             cfg = compose("test", overrides=overrides)
@@ -48,9 +47,6 @@ def main(argv=None):
         out = convert_official(args.src, args.dst, model_from_config(OmegaConf.create(config)), config,
                                format_version=FORMAT_VERSION,
                                hint="Pick the checkpoint's architecture with --model (and --layer/--data).")
-    except (AdderNetError, OmegaConfBaseException) as e:
-        print(f"convert_official.py: error: {e}", file=sys.stderr)
-        sys.exit(getattr(e, "exit_code", 2))
     print(f"wrote {out}: model={args.model} model.layer={args.layer} data={data}; "
           f"evaluate with: python test.py checkpoint={out}")
 

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from addernet.analysis import count_model_ops, format_report
 from addernet.engine.entry_checks import groups_listing, precheck
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 from addernet.models import MODELS, NATIVE_DATA
 
 
@@ -38,14 +38,11 @@ OmegaConf.register_new_resolver("entry_groups", groups_listing, replace=True)  #
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg):
-    try:
+    with reported("count_ops.py", errors=(ValueError,)):
         options = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items()
                    if k not in ("name", "layer", "image_size")}  # the input size is data.image_size
         result = count_model_ops(cfg.model.name, cfg.model.layer, cfg.data.num_classes,
                                  cfg.data.in_channels, cfg.data.image_size, **options)
-    except (AdderNetError, ValueError) as e:  # one line and the error's exit code, as train.py
-        print(f"count_ops.py: error: {e}", file=sys.stderr)
-        sys.exit(getattr(e, "exit_code", 2))
     print(format_report(result))
     print(json.dumps(result))
 

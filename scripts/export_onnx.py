@@ -13,7 +13,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 from addernet.quant import quantize_for_eval
 from addernet.engine.eval_run import load_float_model
 from addernet.engine.entry_checks import check_output_path, precheck
@@ -22,7 +22,7 @@ from addernet.quant.onnx import export_onnx
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="export_onnx")
 def main(cfg):
-    try:
+    with reported("export_onnx.py", errors=(OmegaConfBaseException, ValueError, ImportError)):
         check_output_path(cfg.get("out"), "out", inputs=(cfg.get("checkpoint"),), overwrite=bool(cfg.overwrite))
         model, cfg, path = load_float_model(cfg, HydraConfig.get().overrides.task, allow_quantized=True, entry="export_onnx")
         model, info = quantize_for_eval(model, cfg)
@@ -30,9 +30,6 @@ def main(cfg):
         example = torch.zeros(2, int(cfg.data.in_channels), size, size)
         export_onnx(model.eval(), cfg.out, example, int(cfg.opset))
         print(json.dumps({"out": str(cfg.out), "opset": int(cfg.opset), "quant": info}), flush=True)
-    except (AdderNetError, OmegaConfBaseException, ValueError, ImportError) as e:
-        print(f"export_onnx.py: error: {e}", file=sys.stderr)
-        sys.exit(getattr(e, "exit_code", 2))
 
 
 if __name__ == "__main__":

@@ -8,10 +8,9 @@ directly. matplotlib is an optional dependency of this script only: `pip install
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from addernet.errors import AdderNetError, ConfigError, DataError
+from addernet.errors import ConfigError, DataError, reported
 
 # (panel title, y label, train key, val key) for the two panels.
 PANELS = (("top-1 accuracy", "top-1 (%)", "train_top1", "val_top1"),
@@ -97,8 +96,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
+    with reported("plot_curves.py"):
         main()
-    except AdderNetError as e:  # one line and the error's exit code, as train.py
-        print(f"plot_curves.py: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)

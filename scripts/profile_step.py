@@ -20,7 +20,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -154,8 +154,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
+    with reported("profile_step.py"):
         main()
-    except AdderNetError as e:  # one line and the error's exit code, as train.py
-        print(f"profile_step.py: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)

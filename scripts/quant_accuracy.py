@@ -13,7 +13,6 @@ import copy
 import datetime
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ from hydra import compose, initialize_config_dir
 REPO = Path(__file__).resolve().parents[1]
 from addernet.data import build_loader
 from addernet.engine import evaluate
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 from addernet.quant import calibration_loader, quantize_model
 from addernet.quant import convert as qconvert
 from addernet.quant.calibration import recalibrate_bn
@@ -79,8 +78,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
+    with reported("quant_accuracy.py"):
         main()
-    except AdderNetError as e:  # one line and the error's exit code, as train.py
-        print(f"quant_accuracy.py: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)

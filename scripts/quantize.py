@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 from addernet.engine import ConfigError
 from addernet.quant import quantize_for_eval, save_quantized
 from addernet.engine.eval_run import load_float_model
@@ -23,7 +23,7 @@ from addernet.engine.entry_checks import check_output_path, precheck
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="quantize")
 def main(cfg):
-    try:
+    with reported("quantize.py", errors=(OmegaConfBaseException,)):
         check_output_path(cfg.get("out"), "out", inputs=(cfg.get("checkpoint"),), overwrite=bool(cfg.overwrite))
         model, cfg, path = load_float_model(cfg, HydraConfig.get().overrides.task, entry="quantize")
         if cfg.quant.bits is None:
@@ -34,9 +34,6 @@ def main(cfg):
         settings["source"] = str(path)
         save_quantized(cfg.out, model, config, settings)
         print(json.dumps({"out": str(cfg.out), **settings}), flush=True)
-    except (AdderNetError, OmegaConfBaseException) as e:
-        print(f"quantize.py: error: {e}", file=sys.stderr)
-        sys.exit(getattr(e, "exit_code", 2))
 
 
 if __name__ == "__main__":

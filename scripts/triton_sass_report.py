@@ -15,7 +15,6 @@ import collections
 import os
 import re
 import subprocess
-import sys
 import tempfile
 
 
@@ -25,7 +24,7 @@ from triton._C.libtriton import native_specialize_impl
 from triton.backends.compiler import BaseBackend, GPUTarget
 from triton.compiler import ASTSource
 
-from addernet.errors import AdderNetError
+from addernet.errors import reported
 from addernet.ops.kernels import triton as tk
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -133,8 +132,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
+    with reported("triton_sass_report.py"):
         main()
-    except AdderNetError as e:  # one line and the error's exit code, as train.py
-        print(f"triton_sass_report.py: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from addernet.checkpoint import load_checkpoint, save_checkpoint
-from addernet.errors import AdderNetError, ConfigError
+from addernet.errors import ConfigError, reported
 from addernet.zoo import MANIFEST, ZOO, inference_checkpoint, manifest, sha256
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,8 +77,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
+    with reported("zoo_add.py"):
         main()
-    except AdderNetError as e:  # one line and the error's exit code, as train.py
-        print(f"zoo_add.py: error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)

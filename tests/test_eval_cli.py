@@ -112,6 +112,10 @@ def test_effective_config_merges_only_what_the_user_gave():
     # nothing given: the stored groups as they are
     eff = effective_config(compose([]), stored, [])
     assert OmegaConf.to_container(eff.data) == stored["data"] and eff.model.name == "resnet32"
+    # keys the checkpoint does not record (options newer than it) come from its own option's config file
+    eff = effective_config(compose(["data=cifar10_folder"]), stored, [])  # data= as test.py implies it
+    assert (eff.data.kind, eff.data.native_size, eff.data.skip_corrupt) == ("folder", 32, False)
+    assert {k: eff.data[k] for k in stored["data"]} == stored["data"]
 
 
 def test_wrong_architecture_lists_the_keys(our_checkpoint):

@@ -87,7 +87,8 @@ def effective_config(cfg, stored, overrides):
 
     ``overrides`` are the command-line overrides (HydraConfig overrides.task): a group choice
     (``data=...``, ``model=...``, ``experiment=...``) keeps the composed group; ``group.key=value`` changes one
-    stored key (its value read from the composed cfg, so Hydra's parsing and types apply).
+    stored key (its value read from the composed cfg, so Hydra's parsing and types apply). A key the checkpoint
+    does not record (an option newer than the checkpoint) comes from the composed group of the same name.
     """
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     chosen = {o.key_or_group for o in parsed if "." not in o.key_or_group}
@@ -98,7 +99,8 @@ def effective_config(cfg, stored, overrides):
     for group in STORED_GROUPS:
         if group in chosen or not isinstance(stored.get(group), dict):
             continue
-        node = _apply_overrides(dict(stored[group]), group, parsed, cfg)
+        base = out[group] if out[group].get("name") == stored[group].get("name") else {}
+        node = _apply_overrides({**base, **stored[group]}, group, parsed, cfg)
         if group == "data" and "data.root" in overridden:
             reroot(node, stored[group], overridden)
         out[group] = node
