@@ -45,8 +45,10 @@ def check_top_level(cfg, entry, configs=CONFIGS):
 
 
 def _options(group, configs=CONFIGS):
+    """The options of configs/<group>/ (a file named ``_*.yaml`` is a block the options include, not an option)."""
     folder = os.path.join(configs, group)
-    return sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml")) if os.path.isdir(folder) else []
+    return sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml") and not f.startswith("_")) \
+        if os.path.isdir(folder) else []
 
 
 # Hydra's own command-line flags that take a value (the value is no override), and those that print and exit
