@@ -55,3 +55,8 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def test_a_name_is_registered_once():
+    with pytest.raises(ValueError, match="model 'resnet20' is registered twice"):
+        register_model("resnet20")(tiny_test_net)

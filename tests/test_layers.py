@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "addernet"
 
 # lowest first; a module may import its own layer's and lower layers' modules only
 LAYERS = [
-    ("errors", "checks"),
+    ("errors", "checks", "registry"),
     ("ops",),
     ("models",),
     ("data", "optim", "checkpoint", "distributed", "compile", "forward", "zoo"),

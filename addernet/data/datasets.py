@@ -21,6 +21,7 @@ from PIL import Image
 from torchvision import datasets as tvd
 
 from ..errors import DataError
+from ..registry import registrar
 from .subset import take_subset
 from .transforms import build_transform
 
@@ -175,15 +176,8 @@ def _expected_files(cls, root):
     return folder, names
 
 
-def register_dataset_kind(kind):
-    """Decorator adding ``fn(data_cfg, split, transform) -> Dataset`` to DATASET_KINDS as ``data.kind=<kind>``."""
-    def add(fn):
-        if kind in DATASET_KINDS:
-            raise ValueError(f"dataset kind {kind!r} is registered twice")
-        DATASET_KINDS[kind] = fn
-        return fn
-
-    return add
+# @register_dataset_kind(kind): ``fn(data_cfg, split, transform) -> Dataset`` becomes ``data.kind=<kind>``
+register_dataset_kind = registrar(DATASET_KINDS, "dataset kind")
 
 
 @register_dataset_kind("torchvision")

@@ -15,21 +15,15 @@ from omegaconf import OmegaConf
 
 from ..checkpoint import load_weights
 from ..errors import ConfigError
+from ..registry import registrar
 from ..forward import autocast
 
 
 TASKS = {}
 
 
-def register_task(name):
-    """Class decorator adding a TrainingTask subclass to TASKS as ``task.name=<name>`` (configs/task/<name>.yaml)."""
-    def add(cls):
-        if name in TASKS:
-            raise ValueError(f"task {name!r} is registered twice")
-        TASKS[name] = cls
-        return cls
-
-    return add
+# @register_task(name): a TrainingTask subclass becomes ``task.name=<name>`` (configs/task/<name>.yaml)
+register_task = registrar(TASKS, "task")
 
 
 @dataclasses.dataclass(frozen=True)
