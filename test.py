@@ -6,6 +6,7 @@ checkpoints take them from the command line and configs/test.yaml. The last line
 JSON object {"top1", "top5", "loss", "n", "images_per_s"} (accuracies in percent). CPU or GPU, one
 process or torchrun.
 """
+
 import os
 import sys
 
@@ -41,7 +42,9 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    error = precheck(sys.argv[1:] + ([IMPLIED] if IMPLIED else []), "test", run_dir=False)  # before Hydra, whose own errors are multi-line, exit 1
+    error = precheck(
+        sys.argv[1:] + ([IMPLIED] if IMPLIED else []), "test", run_dir=False
+    )  # before Hydra, whose own errors are multi-line, exit 1
     if error:
         print(f"test.py: error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -3,6 +3,7 @@
 Thin Hydra wrapper around addernet.engine.train; see configs/train.yaml and docs/training.md.
 Under torchrun (scripts/dist_train.sh) every rank uses rank 0's run dir and only rank 0 writes.
 """
+
 import sys
 
 import hydra
@@ -31,8 +32,11 @@ def main(cfg):
         if isinstance(e, Preempted) or not record_failure(message, getattr(e, "exit_code", 2)):
             sys.exit(getattr(e, "exit_code", 2))  # a multirun records a failed job and goes on
     except KeyboardInterrupt:  # a second Ctrl-C (the first one saves and exits 130 through Interrupted)
-        print("train.py: interrupted twice: stopped at once without saving the current epoch; "
-              "checkpoints/last.pt (if any) is intact.", file=sys.stderr)
+        print(
+            "train.py: interrupted twice: stopped at once without saving the current epoch; "
+            "checkpoints/last.pt (if any) is intact.",
+            file=sys.stderr,
+        )
         sys.exit(130)
 
 

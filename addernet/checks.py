@@ -1,4 +1,5 @@
 """Config value checks shared by every group's validation: one message style, naming the key and the fix."""
+
 import math
 
 from .errors import ConfigError
@@ -8,11 +9,18 @@ def number(node, key, name, minimum=0, positive=False, integer=False):
     """node[key] as a finite number >= minimum (> 0 with ``positive``); ``name`` is the dotted key for messages."""
     value = node.get(key) if hasattr(node, "get") else None
     kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value < minimum \
-            or (positive and value == 0):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, kinds)
+        or not math.isfinite(value)
+        or value < minimum
+        or (positive and value == 0)
+    ):
         if integer:
-            raise ConfigError(f"{name} must be an integer >= {max(minimum, int(positive))}, got {value!r}; "
-                              f"e.g. {name}={max(minimum, 1)}.")
+            raise ConfigError(
+                f"{name} must be an integer >= {max(minimum, int(positive))}, got {value!r}; "
+                f"e.g. {name}={max(minimum, 1)}."
+            )
         raise ConfigError(f"{name} must be a {'positive' if positive else 'non-negative'} number, got {value!r}.")
     return value
 

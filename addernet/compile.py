@@ -6,6 +6,7 @@ TensorBoard histograms are the same with compile on or off. The adder ops are to
 ops with fake kernels (addernet/ops/adder2d.py): the compiler keeps them as opaque calls and
 compiles what lies between them (BN, ReLU, additions, the stem and classifier convolutions).
 """
+
 import logging
 
 log = logging.getLogger("addernet.compile")
@@ -17,6 +18,9 @@ def compile_model(model, enabled, **options):
         raise ValueError(f"trainer.compile must be true or false, got {enabled!r}.")
     if enabled:
         model.compile(**options)
-        log.info("trainer.compile: %s compiled in place (torch.compile%s)", type(model).__name__,
-                 "".join(f", {k}={v!r}" for k, v in options.items()))
+        log.info(
+            "trainer.compile: %s compiled in place (torch.compile%s)",
+            type(model).__name__,
+            "".join(f", {k}={v!r}" for k, v in options.items()),
+        )
     return model

@@ -5,6 +5,7 @@ LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; :func:`init_distributed` re
 torch.distributed.init_process_group. Outside torchrun every helper degrades to the
 single-process answer, so callers never branch on "distributed or not".
 """
+
 import datetime
 import os
 import re
@@ -156,15 +157,22 @@ def broadcast_object(obj, src=0):
 def peer_failure(error, timeout_s):
     """A PeerFailure explaining ``error`` when it is a collective that timed out or broke, else None."""
     text = str(error)
-    if not is_distributed() or not (isinstance(error, dist.DistError) or (isinstance(error, RuntimeError) and any(
-            w in text.lower() for w in ("timed out", "timeout", "gloo", "nccl", "connection closed", "peer")))):
+    if not is_distributed() or not (
+        isinstance(error, dist.DistError)
+        or (
+            isinstance(error, RuntimeError)
+            and any(w in text.lower() for w in ("timed out", "timeout", "gloo", "nccl", "connection closed", "peer"))
+        )
+    ):
         return None
-    return PeerFailure(f"rank {get_rank()} of {get_world_size()}: a collective operation failed after waiting for the "
-                       f"other processes (trainer.dist_timeout={timeout_s:g} s): another rank stalled or died; its "
-                       f"own log or stderr says why (a hung data loader or file system is the usual cause). "
-                       f"checkpoints/last.pt holds the last completed save: re-run the same command to resume, or "
-                       f"raise trainer.dist_timeout if a rank legitimately works that long alone. "
-                       f"({text.strip().splitlines()[0][:200] if text.strip() else type(error).__name__})")
+    return PeerFailure(
+        f"rank {get_rank()} of {get_world_size()}: a collective operation failed after waiting for the "
+        f"other processes (trainer.dist_timeout={timeout_s:g} s): another rank stalled or died; its "
+        f"own log or stderr says why (a hung data loader or file system is the usual cause). "
+        f"checkpoints/last.pt holds the last completed save: re-run the same command to resume, or "
+        f"raise trainer.dist_timeout if a rank legitimately works that long alone. "
+        f"({text.strip().splitlines()[0][:200] if text.strip() else type(error).__name__})"
+    )
 
 
 def cleanup():

@@ -1,9 +1,11 @@
 """Every error a user can cause or fix, under one base class that train.py and test.py catch.
 
 Each subclass carries the process exit code its entry point uses: 2 for a mistake in the command or
-its inputs, 3 for a training run that diverged, 4 when another torchrun process stalled or died, 143 for a pre-empted run (128 + SIGTERM, what
-schedulers expect), 130 for a run stopped by Ctrl-C (128 + SIGINT). The message always says what was wrong and what to do.
+its inputs, 3 for a training run that diverged, 4 when another torchrun process stalled or died, 143
+for a pre-empted run (128 + SIGTERM, what schedulers expect), 130 for a run stopped by Ctrl-C (128 +
+SIGINT). The message always says what was wrong and what to do.
 """
+
 import contextlib
 import sys
 

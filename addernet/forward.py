@@ -3,6 +3,7 @@
 The training tasks train with ``logits_and_loss`` and the engine validates with it, so both see the
 same device placement, memory format, autocast and loss.
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -19,8 +20,7 @@ def autocast(device, amp):
 
 def to_device(images, target, device, memory_format=torch.contiguous_format):
     """Move a batch to ``device`` without waiting for it (pinned memory makes the copy asynchronous)."""
-    return (images.to(device, non_blocking=True, memory_format=memory_format),
-            target.to(device, non_blocking=True))
+    return (images.to(device, non_blocking=True, memory_format=memory_format), target.to(device, non_blocking=True))
 
 
 def logits_and_loss(model, images, target, amp="off", reduction="mean", label_smoothing=0.0):

@@ -3,6 +3,7 @@
 
 def registrar(table, what):
     """``register(name)``: a decorator that puts the decorated object into ``table`` under ``name``, once."""
+
     def register(name):
         def add(obj):
             if name in table:

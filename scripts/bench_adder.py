@@ -25,6 +25,7 @@ with a warning when the machine was busy (others' load makes every figure noisy)
     python scripts/bench_adder.py [--quick] [--json PATH] [--repeats N] [--threads N]
                                   [--no-layers] [--step-rounds N] [--train-rounds N] [--train-size N]
 """
+
 import argparse
 import ctypes
 import datetime
@@ -43,15 +44,17 @@ import torch
 import torch.nn as nn
 
 from addernet import AdaptiveLR, Adder2d
-from addernet.analysis.layer_shapes import RESNET20 as R20, with_batch
+from addernet.analysis.layer_shapes import RESNET20 as R20
+from addernet.analysis.layer_shapes import with_batch
 from addernet.errors import reported
 from addernet.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 # (name, batch, in, out, size, kernel, stride, padding): every ResNet-20 shape at batch 64, five ResNet-50 at 8
 RESNET20 = with_batch([row[0] for row in R20], 64)
-RESNET50 = with_batch(["r50 64->64 56x56", "r50 1x1 256->64 56x56", "r50 128->128 28x28", "r50 256->256 14x14",
-                       "r50 512->512 7x7"], 8)
+RESNET50 = with_batch(
+    ["r50 64->64 56x56", "r50 1x1 256->64 56x56", "r50 128->128 28x28", "r50 256->256 14x14", "r50 512->512 7x7"], 8
+)
 
 
 def _status(key):
@@ -121,8 +124,17 @@ def bench(shapes, repeats, ref_limit_gb, ref_repeats):
                 _step(m, layers[m], x, g)
                 times[m].append((time.perf_counter() - t) * 1e3)
                 cpu[m].append((time.process_time() - c) * 1e3)
-        row = {"shape": name, "batch": n, "in": cin, "out": cout, "size": size, "kernel": k, "stride": s,
-               "padding": p, "reference_estimate_gb": round(ref_gb, 2)}
+        row = {
+            "shape": name,
+            "batch": n,
+            "in": cin,
+            "out": cout,
+            "size": size,
+            "kernel": k,
+            "stride": s,
+            "padding": p,
+            "reference_estimate_gb": round(ref_gb, 2),
+        }
         for m in methods:
             ts = sorted(times[m])
             q = statistics.quantiles(ts, n=4) if len(ts) >= 2 else [ts[0]] * 3
@@ -178,15 +190,26 @@ def _busy(load_before, load_after):
 def _summary(label, a, b, unit, lower_is_better):
     """Median and min-max of the per-round ratios a/b (time) or b/a (throughput) as AdderNet/CNN."""
     ratios = [x / y if lower_is_better else y / x for x, y in zip(a, b)]
-    return {"label": label, "adder": statistics.median(a), "conv": statistics.median(b), "unit": unit,
-            "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "rounds": len(ratios), "adder_all": a, "conv_all": b}
+    return {
+        "label": label,
+        "adder": statistics.median(a),
+        "conv": statistics.median(b),
+        "unit": unit,
+        "ratio": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "rounds": len(ratios),
+        "adder_all": a,
+        "conv_all": b,
+    }
 
 
 def _print_summary(r, what):
-    print(f"# {r['label']}: AdderNet {r['adder']:.1f} {r['unit']}, CNN twin {r['conv']:.1f} {r['unit']}, "
-          f"{what} {r['ratio']:.2f} (rounds {r['rounds']}, range {r['ratio_min']:.2f}-{r['ratio_max']:.2f})",
-          flush=True)
+    print(
+        f"# {r['label']}: AdderNet {r['adder']:.1f} {r['unit']}, CNN twin {r['conv']:.1f} {r['unit']}, "
+        f"{what} {r['ratio']:.2f} (rounds {r['rounds']}, range {r['ratio_min']:.2f}-{r['ratio_max']:.2f})",
+        flush=True,
+    )
 
 
 def step_ratio(batch, rounds, repeats, threads):
@@ -204,9 +227,12 @@ def step_ratio(batch, rounds, repeats, threads):
             res = json.loads(out.stdout.strip().splitlines()[-1])
             times[layer].append(res["ms"])
             cpu[layer].append(res["cpu_ms"])
-    return (_summary(f"whole ResNet-20 training step, batch {batch}, wall ms", times["adder"], times["conv"], "ms", True),
-            _summary(f"whole ResNet-20 training step, batch {batch}, process CPU ms", cpu["adder"], cpu["conv"], "ms",
-                     True))
+    return (
+        _summary(f"whole ResNet-20 training step, batch {batch}, wall ms", times["adder"], times["conv"], "ms", True),
+        _summary(
+            f"whole ResNet-20 training step, batch {batch}, process CPU ms", cpu["adder"], cpu["conv"], "ms", True
+        ),
+    )
 
 
 def train_ratio(rounds, train_size, batch):
@@ -216,30 +242,47 @@ def train_ratio(rounds, train_size, batch):
         for r in range(rounds):
             for layer in ("adder", "conv"):
                 run = Path(tmp) / f"{layer}{r}"
-                cmd = [sys.executable, str(ROOT / "train.py"), "data=fake", f"data.train_size={train_size}",
-                       f"data.batch_size={batch}", "trainer.epochs=1", f"model.layer={layer}", f"hydra.run.dir={run}"]
+                cmd = [
+                    sys.executable,
+                    str(ROOT / "train.py"),
+                    "data=fake",
+                    f"data.train_size={train_size}",
+                    f"data.batch_size={batch}",
+                    "trainer.epochs=1",
+                    f"model.layer={layer}",
+                    f"hydra.run.dir={run}",
+                ]
                 out = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), cwd=ROOT)
                 metrics = run / "metrics.jsonl"
                 if out.returncode or not metrics.exists():
                     sys.exit(f"{' '.join(cmd)} failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
                 ips[layer].append(json.loads(metrics.read_text().splitlines()[-1])["images_per_s"])
-    return _summary(f"train.py data=fake data.train_size={train_size} data.batch_size={batch} trainer.epochs=1, "
-                    "images/s", ips["adder"], ips["conv"], "images/s", False)
+    return _summary(
+        f"train.py data=fake data.train_size={train_size} data.batch_size={batch} trainer.epochs=1, images/s",
+        ips["adder"],
+        ips["conv"],
+        "images/s",
+        False,
+    )
 
 
-HEADER = ("| shape | batch | fast ms | reference ms | conv ms | fast/conv | ref/fast | fast/conv CPU time "
-          "| fast MB | ref MB | conv MB | fast/conv mem |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = (
+    "| shape | batch | fast ms | reference ms | conv ms | fast/conv | ref/fast | fast/conv CPU time "
+    "| fast MB | ref MB | conv MB | fast/conv mem |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def _format_row(r):
     def f(key, fmt):
         return format(r[key], fmt) if r.get(key) is not None else "skipped"
 
-    return (f"| {r['shape']} | {r['batch']} | {f('fast_ms', '.1f')} (±{r['fast_spread'] * 50:.0f}%) | "
-            f"{f('reference_ms', '.0f')} | {f('conv_ms', '.1f')} (±{r['conv_spread'] * 50:.0f}%) | "
-            f"{f('fast_over_conv', '.2f')} | {f('reference_over_fast', '.0f')} | {f('fast_over_conv_cpu', '.2f')} | "
-            f"{f('fast_peak_mb', '.1f')} | "
-            f"{f('reference_peak_mb', '.0f')} | {f('conv_peak_mb', '.1f')} | {f('fast_over_conv_mem', '.2f')} |")
+    return (
+        f"| {r['shape']} | {r['batch']} | {f('fast_ms', '.1f')} (±{r['fast_spread'] * 50:.0f}%) | "
+        f"{f('reference_ms', '.0f')} | {f('conv_ms', '.1f')} (±{r['conv_spread'] * 50:.0f}%) | "
+        f"{f('fast_over_conv', '.2f')} | {f('reference_over_fast', '.0f')} | {f('fast_over_conv_cpu', '.2f')} | "
+        f"{f('fast_peak_mb', '.1f')} | "
+        f"{f('reference_peak_mb', '.0f')} | {f('conv_peak_mb', '.1f')} | {f('fast_over_conv_mem', '.2f')} |"
+    )
 
 
 def main():
@@ -249,8 +292,12 @@ def main():
     ap.add_argument("--repeats", type=int, default=None, help="timed rounds per shape (default 15, quick 5)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--ref-repeats", type=int, default=3, help="timed rounds of the slow reference")
-    ap.add_argument("--ref-limit-gb", type=float, default=4.0,
-                    help="skip the reference where its estimated peak memory exceeds this")
+    ap.add_argument(
+        "--ref-limit-gb",
+        type=float,
+        default=4.0,
+        help="skip the reference where its estimated peak memory exceeds this",
+    )
     ap.add_argument("--no-layers", action="store_true", help="skip the per-layer table")
     ap.add_argument("--step-rounds", type=int, default=5, help="interleaved rounds of the whole-step timing (0: skip)")
     ap.add_argument("--train-rounds", type=int, default=3, help="interleaved rounds of train.py (0: skip)")
@@ -269,11 +316,19 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     pinned = _pin_malloc()
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
-            "repeats": repeats, "malloc_pinned": pinned, "load_before": os.getloadavg()}
-    print(f"# {meta['date']}  torch {meta['torch']}  threads {meta['threads']}  repeats {repeats}  "
-          f"loadavg {meta['load_before'][0]:.1f}")
+    meta = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "repeats": repeats,
+        "malloc_pinned": pinned,
+        "load_before": os.getloadavg(),
+    }
+    print(
+        f"# {meta['date']}  torch {meta['torch']}  threads {meta['threads']}  repeats {repeats}  "
+        f"loadavg {meta['load_before'][0]:.1f}"
+    )
     print("# times: median fwd+bwd wall ms (± half the interquartile range); memory: peak RSS rise, MiB")
     print(HEADER)
     rows = [] if args.no_layers else bench(shapes, repeats, args.ref_limit_gb, min(args.ref_repeats, repeats))
@@ -290,20 +345,27 @@ def main():
     meta["busy"] = _busy(meta["load_before"], meta["load_after"])
     print(f"# loadavg before {meta['load_before'][0]:.2f}, after {meta['load_after'][0]:.2f} (1 min)")
     if meta["busy"]:
-        print(f"# WARNING: the machine was busy (loadavg {meta['load_before'][0]:.1f} before, "
-              f"{meta['load_after'][0]:.1f} after, {os.cpu_count()} CPUs): other processes shared the cores, "
-              "so these times are inflated and noisy; the interleaved ratios are the figures to trust", flush=True)
+        print(
+            f"# WARNING: the machine was busy (loadavg {meta['load_before'][0]:.1f} before, "
+            f"{meta['load_after'][0]:.1f} after, {os.cpu_count()} CPUs): other processes shared the cores, "
+            "so these times are inflated and noisy; the interleaved ratios are the figures to trust",
+            flush=True,
+        )
     r20 = [r for r in rows if r["shape"].startswith("r20")]
     refs = [r["reference_over_fast"] for r in rows if r["reference_over_fast"]]
     if r20:
-        print(f"# ResNet-20 worst fast/conv time {max(r['fast_over_conv'] for r in r20):.2f} (target <= 3; "
-              f"CPU time {max(r['fast_over_conv_cpu'] for r in r20):.2f}), "
-              f"worst fast/conv memory {max(r['fast_over_conv_mem'] for r in r20):.2f} (target <= 2), "
-              f"min reference/fast {min(refs) if refs else float('nan'):.0f} (target >= 50)")
+        print(
+            f"# ResNet-20 worst fast/conv time {max(r['fast_over_conv'] for r in r20):.2f} (target <= 3; "
+            f"CPU time {max(r['fast_over_conv_cpu'] for r in r20):.2f}), "
+            f"worst fast/conv memory {max(r['fast_over_conv_mem'] for r in r20):.2f} (target <= 2), "
+            f"min reference/fast {min(refs) if refs else float('nan'):.0f} (target >= 50)"
+        )
     r50 = [r for r in rows if r["shape"].startswith("r50")]
     if r50:
-        print(f"# ResNet-50 worst fast/conv time {max(r['fast_over_conv'] for r in r50):.2f} (target <= 2.0; "
-              f"CPU time {max(r['fast_over_conv_cpu'] for r in r50):.2f})")
+        print(
+            f"# ResNet-50 worst fast/conv time {max(r['fast_over_conv'] for r in r50):.2f} (target <= 2.0; "
+            f"CPU time {max(r['fast_over_conv_cpu'] for r in r50):.2f})"
+        )
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         print(f"# wrote {args.json}")

@@ -8,6 +8,7 @@ rounded to bf16 (what a layer following conv2d's autocast rule would do; it brea
 run interleaved (A B C D A B C D ...), several rounds; prints median and spread of steps/s and the load
 average before and after.
 """
+
 import argparse
 import contextlib
 import importlib
@@ -31,8 +32,15 @@ def rounded_adder_outputs():
 
     def rounded(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         with torch.autocast(input.device.type, enabled=False):
-            return real(input.bfloat16(), weight.bfloat16(), None if bias is None else bias.bfloat16(),
-                        stride, padding, dilation, groups)
+            return real(
+                input.bfloat16(),
+                weight.bfloat16(),
+                None if bias is None else bias.bfloat16(),
+                stride,
+                padding,
+                dilation,
+                groups,
+            )
 
     adder_module.adder2d = rounded
     try:
@@ -46,6 +54,7 @@ def steps_per_s(model, opt, x, y, amp, steps):
     scaler = torch.amp.GradScaler(x.device.type, enabled=amp == "fp16")
     ctx = rounded_adder_outputs() if amp == "bf16-rounded" else contextlib.nullcontext()
     with ctx:
+
         def step():
             with torch.autocast(x.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                 loss = F.cross_entropy(model(x).float().flatten(1), y)
@@ -53,6 +62,7 @@ def steps_per_s(model, opt, x, y, amp, steps):
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
+
         step()  # warm-up
         if x.device.type == "cuda":
             torch.cuda.synchronize()
@@ -78,8 +88,10 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     x, y = torch.randn(a.batch, 3, 32, 32, device=device), torch.randint(0, 10, (a.batch,), device=device)
     modes = ("off", "bf16", "fp16", "bf16-rounded")
-    print(f"load average before: {open('/proc/loadavg').read().split()[:3]} | torch threads "
-          f"{torch.get_num_threads()} | {a.model} batch {a.batch} on {device}")
+    print(
+        f"load average before: {open('/proc/loadavg').read().split()[:3]} | torch threads "
+        f"{torch.get_num_threads()} | {a.model} batch {a.batch} on {device}"
+    )
     rates = {m: [] for m in modes}
     for _ in range(a.rounds):
         for m in modes:

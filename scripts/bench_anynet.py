@@ -9,6 +9,7 @@ time (with one thread the robust figure on a shared machine), and the load avera
 
     python scripts/bench_anynet.py [--threads 1] [--rounds 5] [--repeats 3] [--batch 64] [--json PATH]
 """
+
 import argparse
 import json
 import os
@@ -79,17 +80,26 @@ def main():
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    out = {"threads": args.threads, "batch": args.batch, "rounds": args.rounds, "repeats": args.repeats,
-           "load_before": _load(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    out = {
+        "threads": args.threads,
+        "batch": args.batch,
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "load_before": _load(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
     for name, (spec, shape) in PAIRS.items():
         if args.only and name != args.only:
             continue
         r = bench_pair(spec, shape, args.batch, args.rounds, args.repeats)
         out[name] = r
         a, c = r["adder_images_per_s"], r["conv_images_per_s"]
-        print(f"{name}: adder {a['median']:.1f} img/s ({a['min']:.1f}-{a['max']:.1f}), twin {c['median']:.1f} img/s "
-              f"({c['min']:.1f}-{c['max']:.1f}); adder/twin step time {r['ratio_wall']:.2f}x wall, "
-              f"{r['ratio_cpu']:.2f}x CPU", flush=True)
+        print(
+            f"{name}: adder {a['median']:.1f} img/s ({a['min']:.1f}-{a['max']:.1f}), twin {c['median']:.1f} img/s "
+            f"({c['min']:.1f}-{c['max']:.1f}); adder/twin step time {r['ratio_wall']:.2f}x wall, "
+            f"{r['ratio_cpu']:.2f}x CPU",
+            flush=True,
+        )
     out["load_after"] = _load()
     print(f"load average before {out['load_before'][0]:.2f}, after {out['load_after'][0]:.2f}")
     print(json.dumps(out))

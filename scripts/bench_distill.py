@@ -18,6 +18,7 @@ the load average before/after; peak memory is the rise of the process's peak RSS
 or torch.cuda.max_memory_allocated (CUDA). Writes OUT/results.json, OUT/results.md and OUT/curves.png
 (scripts/plot_curves.py). Top-1 is the final epoch's validation accuracy (best epoch also given).
 """
+
 import argparse
 import datetime
 import json
@@ -36,10 +37,14 @@ METHODS = ("cnn", "adder", "kd", "pkkd", "pkkd_nokernel", "pkkd_frozen")
 
 
 def method_overrides(method, teacher):
-    return {"cnn": ["model.layer=conv", "adaptive_lr.enabled=false"], "adder": [],
-            "kd": ["task=kd", f"task.teacher={teacher}"], "pkkd": ["task=pkkd"],
-            "pkkd_nokernel": ["task=pkkd", "task.kernel=false"],
-            "pkkd_frozen": ["task=pkkd", f"task.teacher={teacher}"]}[method]
+    return {
+        "cnn": ["model.layer=conv", "adaptive_lr.enabled=false"],
+        "adder": [],
+        "kd": ["task=kd", f"task.teacher={teacher}"],
+        "pkkd": ["task=pkkd"],
+        "pkkd_nokernel": ["task=pkkd", "task.kernel=false"],
+        "pkkd_frozen": ["task=pkkd", f"task.teacher={teacher}"],
+    }[method]
 
 
 def make_slice(data, out, train_per_class, test_per_class):
@@ -55,9 +60,19 @@ def make_slice(data, out, train_per_class, test_per_class):
 
 
 def common_overrides(args, root):
-    return [f"model={args.model}", "data=cifar10_folder", f"data.root={root}", f"data.batch_size={args.batch_size}",
-            f"data.image_size={args.image_size}", f"data.num_workers={args.workers}", f"trainer.epochs={args.epochs}",
-            f"trainer.seed={args.seed}", "trainer.progress=false", "trainer.log_every=100", *args.extra]
+    return [
+        f"model={args.model}",
+        "data=cifar10_folder",
+        f"data.root={root}",
+        f"data.batch_size={args.batch_size}",
+        f"data.image_size={args.image_size}",
+        f"data.num_workers={args.workers}",
+        f"trainer.epochs={args.epochs}",
+        f"trainer.seed={args.seed}",
+        "trainer.progress=false",
+        "trainer.log_every=100",
+        *args.extra,
+    ]
 
 
 def train_all(args, root, out, env):
@@ -69,8 +84,13 @@ def train_all(args, root, out, env):
         if records and records[-1]["epoch"] == args.epochs:
             print(f"[bench] {method}: finished earlier, skipped", flush=True)
             continue
-        cmd = [sys.executable, "train.py", *common_overrides(args, root), *method_overrides(method, teacher),
-               f"hydra.run.dir={run}"]
+        cmd = [
+            sys.executable,
+            "train.py",
+            *common_overrides(args, root),
+            *method_overrides(method, teacher),
+            f"hydra.run.dir={run}",
+        ]
         print(f"[bench] {method}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, env=env)
@@ -92,6 +112,7 @@ def time_one(args):
     """Child process: build the method's task, time --steps training steps on one synthetic batch; print JSON."""
     import torch
     from hydra import compose, initialize_config_dir
+
     from addernet.engine import model_from_config
     from addernet.optim import AdaptiveLR, build_optimizer
     from addernet.tasks import build_task
@@ -122,9 +143,12 @@ def time_one(args):
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda"
-            else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024)
-    print(json.dumps({"step_s": statistics.median(times), "cpu_s": statistics.median(cpu), "peak_mib": peak / 2 ** 20}))
+    peak = (
+        torch.cuda.max_memory_allocated()
+        if device.type == "cuda"
+        else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
+    )
+    print(json.dumps({"step_s": statistics.median(times), "cpu_s": statistics.median(cpu), "peak_mib": peak / 2**20}))
 
 
 def time_all(args, root, out, env):
@@ -133,8 +157,17 @@ def time_all(args, root, out, env):
     load_before = os.getloadavg()
     for _ in range(args.rounds):
         for method in args.methods:
-            cmd = [sys.executable, __file__, "--time-one", method, "--root", str(root), "--teacher", str(teacher),
-                   *sys.argv[1:]]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--time-one",
+                method,
+                "--root",
+                str(root),
+                "--teacher",
+                str(teacher),
+                *sys.argv[1:],
+            ]
             proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
             if proc.returncode:
                 sys.exit(f"bench_distill: timing {method} failed:\n{proc.stderr[-2000:]}")
@@ -151,25 +184,40 @@ def table(args, out, walls, samples, loads):
         best = max(records, key=lambda r: r["val_top1"])
         steps = [s["step_s"] for s in samples[method]]
         cpu = [s.get("cpu_s", float("nan")) for s in samples[method]]
-        row = {"final_top1": last["val_top1"], "best_top1": best["val_top1"], "best_epoch": best["epoch"],
-               "teacher_final_top1": last.get("teacher_val_top1"), "val_n": last["val_n"],
-               "step_s_median": statistics.median(steps), "step_s_min": min(steps), "step_s_max": max(steps),
-               "cpu_s_median": statistics.median(cpu), "cpu_s_min": min(cpu), "cpu_s_max": max(cpu),
-               "peak_mib": statistics.median(s["peak_mib"] for s in samples[method]),
-               "train_minutes": sum(r["epoch_seconds"] for r in records) / 60}
+        row = {
+            "final_top1": last["val_top1"],
+            "best_top1": best["val_top1"],
+            "best_epoch": best["epoch"],
+            "teacher_final_top1": last.get("teacher_val_top1"),
+            "val_n": last["val_n"],
+            "step_s_median": statistics.median(steps),
+            "step_s_min": min(steps),
+            "step_s_max": max(steps),
+            "cpu_s_median": statistics.median(cpu),
+            "cpu_s_min": min(cpu),
+            "cpu_s_max": max(cpu),
+            "peak_mib": statistics.median(s["peak_mib"] for s in samples[method]),
+            "train_minutes": sum(r["epoch_seconds"] for r in records) / 60,
+        }
         rows[method] = row
         cnn_top1 = row["final_top1"] if method == "cnn" else cnn_top1
-    lines.append(f"| run | final top-1 % | best top-1 % (epoch) | teacher final top-1 % | step wall s, median "
-                 f"[min-max] of {args.rounds} | step CPU s ({args.threads} thread) | peak mem MiB | train min |")
+    lines.append(
+        f"| run | final top-1 % | best top-1 % (epoch) | teacher final top-1 % | step wall s, median "
+        f"[min-max] of {args.rounds} | step CPU s ({args.threads} thread) | peak mem MiB | train min |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|")
     for method, r in rows.items():
         teacher = f"{r['teacher_final_top1']:.2f}" if r["teacher_final_top1"] is not None else "-"
-        lines.append(f"| {method} | {r['final_top1']:.2f} | {r['best_top1']:.2f} ({r['best_epoch']}) | {teacher} | "
-                     f"{r['step_s_median']:.3f} [{r['step_s_min']:.3f}-{r['step_s_max']:.3f}] | "
-                     f"{r['cpu_s_median']:.3f} [{r['cpu_s_min']:.3f}-{r['cpu_s_max']:.3f}] | {r['peak_mib']:.0f} | "
-                     f"{r['train_minutes']:.1f} |")
-    lines.append(f"\nval n = {next(iter(rows.values()))['val_n']}; load average (1/5/15 min) before timing "
-                 f"{'/'.join(f'{v:.1f}' for v in loads[0])}, after {'/'.join(f'{v:.1f}' for v in loads[1])}.")
+        lines.append(
+            f"| {method} | {r['final_top1']:.2f} | {r['best_top1']:.2f} ({r['best_epoch']}) | {teacher} | "
+            f"{r['step_s_median']:.3f} [{r['step_s_min']:.3f}-{r['step_s_max']:.3f}] | "
+            f"{r['cpu_s_median']:.3f} [{r['cpu_s_min']:.3f}-{r['cpu_s_max']:.3f}] | {r['peak_mib']:.0f} | "
+            f"{r['train_minutes']:.1f} |"
+        )
+    lines.append(
+        f"\nval n = {next(iter(rows.values()))['val_n']}; load average (1/5/15 min) before timing "
+        f"{'/'.join(f'{v:.1f}' for v in loads[0])}, after {'/'.join(f'{v:.1f}' for v in loads[1])}."
+    )
     return rows, "\n".join(lines)
 
 
@@ -189,8 +237,12 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     p.add_argument("--steps", type=int, default=5, help="timed steps per round (after --warmup)")
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the timing processes (1: CPU time is "
-                   "robust to machine load)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads of the timing processes (1: CPU time is robust to machine load)",
+    )
     p.add_argument("--skip-timing", action="store_true")
     p.add_argument("--extra", nargs="*", default=[], help="more train.py overrides for every run")
     p.add_argument("--time-one", help=argparse.SUPPRESS)
@@ -207,7 +259,7 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
     root = args.data.resolve()
     if args.train_per_class or args.test_per_class:
-        root = make_slice(args.data, args.out / "data", args.train_per_class or 10 ** 9, args.test_per_class or 10 ** 9)
+        root = make_slice(args.data, args.out / "data", args.train_per_class or 10**9, args.test_per_class or 10**9)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     started = datetime.datetime.now().isoformat(timespec="minutes")
     walls = train_all(args, root, args.out, env)
@@ -218,14 +270,40 @@ def main():
         samples, *loads = time_all(args, root, args.out, env)
     rows, md = table(args, args.out, walls, samples, loads)
     cmd = "python scripts/bench_distill.py " + " ".join(sys.argv[1:])
-    header = (f"Distillation benchmark, started {started}: {args.model}, {args.epochs} epochs, "
-              f"batch {args.batch_size}, data {root}\n`{cmd}`\n")
+    header = (
+        f"Distillation benchmark, started {started}: {args.model}, {args.epochs} epochs, "
+        f"batch {args.batch_size}, data {root}\n`{cmd}`\n"
+    )
     (args.out / "results.md").write_text(header + "\n" + md + "\n")
-    (args.out / "results.json").write_text(json.dumps({"command": cmd, "started": started, "args": {
-        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "rows": rows, "samples": samples,
-        "load_before": loads[0], "load_after": loads[1], "wall_s": walls}, indent=1))
-    subprocess.run([sys.executable, "scripts/plot_curves.py", *(str(args.out / "runs" / m) for m in args.methods),
-                    "--labels", *args.methods, "--out", str(args.out / "curves.png")], cwd=REPO, env=env, check=False)
+    (args.out / "results.json").write_text(
+        json.dumps(
+            {
+                "command": cmd,
+                "started": started,
+                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                "rows": rows,
+                "samples": samples,
+                "load_before": loads[0],
+                "load_after": loads[1],
+                "wall_s": walls,
+            },
+            indent=1,
+        )
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "scripts/plot_curves.py",
+            *(str(args.out / "runs" / m) for m in args.methods),
+            "--labels",
+            *args.methods,
+            "--out",
+            str(args.out / "curves.png"),
+        ],
+        cwd=REPO,
+        env=env,
+        check=False,
+    )
     print(header + "\n" + md)
 
 

@@ -12,6 +12,7 @@ Per-tile timings of the forward/input-gradient on a few shapes go to the JSON (t
 
     python scripts/bench_gpu.py [--quick] [--json PATH]      (JSON also to $OUT/bench_gpu.json)
 """
+
 import argparse
 import datetime
 import json
@@ -25,7 +26,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from addernet.analysis.layer_shapes import RESNET20 as R20, RESNET50 as R50, with_batch
+from addernet.analysis.layer_shapes import RESNET20 as R20
+from addernet.analysis.layer_shapes import RESNET50 as R50
+from addernet.analysis.layer_shapes import with_batch
 from addernet.errors import reported
 
 # (name, batch, cin, cout, size, kernel, stride, padding): ResNet-20 at batch 256, ResNet-50 at 64
@@ -58,7 +61,7 @@ def peak_mb(fn):
     torch.cuda.reset_peak_memory_stats()
     fn()
     torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def sm_clock_mhz(props):
@@ -67,8 +70,12 @@ def sm_clock_mhz(props):
     if khz:
         return khz / 1000, "torch device properties"
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout.split()
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout.split()
         return float(out[0]), "nvidia-smi clocks.max.sm"
     except Exception:  # noqa: BLE001 - any failure: fall back to the documented value
         return 1980.0, "assumed (H200 SXM boost clock)"
@@ -76,7 +83,7 @@ def sm_clock_mhz(props):
 
 def ref_estimate_gb(n, cin, cout, size, k, s, p):
     ho = (size + 2 * p - k) // s + 1
-    return 3 * n * cout * cin * k * k * ho * ho * 4 / 2 ** 30  # diff, |diff| and the grad's copy
+    return 3 * n * cout * cin * k * k * ho * ho * 4 / 2**30  # diff, |diff| and the grad's copy
 
 
 def bench_layer(spec, tk, adder2d, reference, warmup, reps, peak_ops):
@@ -129,8 +136,10 @@ def bench_tiles(spec, tk, warmup, reps):
     w = torch.randn(cout, cin, k, k, device="cuda")
     g = torch.randn_like(tk.forward(x, w, *conf))
     out = {}
-    for kind, cfgs, fn in (("fwd", tk._FWD_CONFIGS, lambda c: tk.forward(x, w, *conf, config=c)),
-                           ("dgrad", tk._DGRAD_CONFIGS, lambda c: tk.grad_input(x, w, g, *conf, config=c))):
+    for kind, cfgs, fn in (
+        ("fwd", tk._FWD_CONFIGS, lambda c: tk.forward(x, w, *conf, config=c)),
+        ("dgrad", tk._DGRAD_CONFIGS, lambda c: tk.grad_input(x, w, g, *conf, config=c)),
+    ):
         for c in cfgs:
             out[f"{kind} {','.join(map(str, c))}"] = round(timeit(lambda: fn(c), warmup, reps), 4)
     return out
@@ -149,6 +158,7 @@ def train_step_bench(batch, warmup, reps):
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
         if layer == "adder":  # a real AdderNet step includes the adaptive learning rate
             from addernet import AdaptiveLR
+
             AdaptiveLR(model, 0.2).attach(opt)
         x = torch.randn(batch, 3, 32, 32, device="cuda")
         t = torch.randint(0, 10, (batch,), device="cuda")
@@ -163,7 +173,7 @@ def train_step_bench(batch, warmup, reps):
         torch.cuda.reset_peak_memory_stats()
         step()
         torch.cuda.synchronize()
-        res[layer] = dict(ms=ms, peak_mb=torch.cuda.max_memory_allocated() / 2 ** 20)
+        res[layer] = dict(ms=ms, peak_mb=torch.cuda.max_memory_allocated() / 2**20)
         model = opt = None  # free this model before the next one is built
         torch.cuda.empty_cache()
     res["time_ratio"] = res["adder"]["ms"] / res["conv"]["ms"]
@@ -187,6 +197,7 @@ def main():
     import addernet
     from addernet.ops.kernels import triton as tk
     from addernet.ops.reference import adder2d_reference
+
     if not tk.available():
         sys.exit("the Triton adder kernels report unavailable on this GPU (needs compute capability >= 7.5)")
     os.environ.setdefault("ADDERNET_BACKEND", "fast")
@@ -197,29 +208,47 @@ def main():
     props = torch.cuda.get_device_properties(0)
     mhz, clock_src = sm_clock_mhz(props)
     peak_ops = props.multi_processor_count * 128 * 2 * mhz * 1e6
-    env = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               gpu=props.name, sms=props.multi_processor_count, sm_clock_mhz=mhz, clock_source=clock_src,
-               fp32_peak_tflops=peak_ops / 1e12, torch=torch.__version__, triton=triton.__version__,
-               cuda=torch.version.cuda, tf32=False, lanes_first=tk.LANES_FIRST)
-    print(f"# {env['gpu']}: {env['sms']} SMs x 128 FP32 lanes x 2 x {mhz:.0f} MHz ({clock_src}) = "
-          f"{env['fp32_peak_tflops']:.1f} TFLOP/s FP32 peak; adder issue bound = half (2 instr/position)")
-    print(f"# torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']} (lanes-first tile order: "
-          f"{env['lanes_first']}), TF32 off, cudnn.benchmark on")
+    env = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        gpu=props.name,
+        sms=props.multi_processor_count,
+        sm_clock_mhz=mhz,
+        clock_source=clock_src,
+        fp32_peak_tflops=peak_ops / 1e12,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        cuda=torch.version.cuda,
+        tf32=False,
+        lanes_first=tk.LANES_FIRST,
+    )
+    print(
+        f"# {env['gpu']}: {env['sms']} SMs x 128 FP32 lanes x 2 x {mhz:.0f} MHz ({clock_src}) = "
+        f"{env['fp32_peak_tflops']:.1f} TFLOP/s FP32 peak; adder issue bound = half (2 instr/position)"
+    )
+    print(
+        f"# torch {env['torch']} (CUDA {env['cuda']}), triton {env['triton']} (lanes-first tile order: "
+        f"{env['lanes_first']}), TF32 off, cudnn.benchmark on"
+    )
 
     warmup, reps = (2, 5) if a.quick else (3, 15)
     shapes = RESNET20[:2] + RESNET50[:2] if a.quick else RESNET20 + RESNET50
     rows = []
     t0 = time.time()
-    hdr = (f"{'layer':26} {'fwd ms':>8} {'conv ms':>8} {'ref ms':>8} {'GOPS':>7} {'%peak':>6} {'%issue':>6} "
-           f"{'dgrad ms':>8} {'f+b ms':>8} {'conv f+b':>8} {'f+b/conv':>8} {'MB':>7} {'conv MB':>7} {'ref MB':>7}")
+    hdr = (
+        f"{'layer':26} {'fwd ms':>8} {'conv ms':>8} {'ref ms':>8} {'GOPS':>7} {'%peak':>6} {'%issue':>6} "
+        f"{'dgrad ms':>8} {'f+b ms':>8} {'conv f+b':>8} {'f+b/conv':>8} {'MB':>7} {'conv MB':>7} {'ref MB':>7}"
+    )
     print(hdr)
     for spec in shapes:
         r = bench_layer(spec, tk, addernet.adder2d, adder2d_reference, warmup, reps, peak_ops)
         rows.append(r)
-        print(f"{r['name']:26} {r['fwd_ms']:8.3f} {r['fwd_conv_ms']:8.3f} {fmt(r['ref_fwd_ms']):>8} {r['gops']:7.0f} "
-              f"{r['pct_peak']:6.1f} {r['pct_issue']:6.1f} {r['dgrad_ms']:8.3f} {r['fwdbwd_ms']:8.3f} "
-              f"{r['fwdbwd_conv_ms']:8.3f} {r['fwdbwd_ms'] / r['fwdbwd_conv_ms']:8.2f} {r['fwdbwd_mb']:7.0f} "
-              f"{r['fwdbwd_conv_mb']:7.0f} {fmt(r['ref_fwdbwd_mb'], '{:.0f}'):>7}", flush=True)
+        print(
+            f"{r['name']:26} {r['fwd_ms']:8.3f} {r['fwd_conv_ms']:8.3f} {fmt(r['ref_fwd_ms']):>8} {r['gops']:7.0f} "
+            f"{r['pct_peak']:6.1f} {r['pct_issue']:6.1f} {r['dgrad_ms']:8.3f} {r['fwdbwd_ms']:8.3f} "
+            f"{r['fwdbwd_conv_ms']:8.3f} {r['fwdbwd_ms'] / r['fwdbwd_conv_ms']:8.2f} {r['fwdbwd_mb']:7.0f} "
+            f"{r['fwdbwd_conv_mb']:7.0f} {fmt(r['ref_fwdbwd_mb'], '{:.0f}'):>7}",
+            flush=True,
+        )
     r50_3x3 = [r for r in rows if r["name"].startswith("r50 3x3") and r["stride"] == 1]
     if r50_3x3:
         pct = sum(r["ops"] for r in r50_3x3) / sum(r["ops"] / r["pct_peak"] for r in r50_3x3)
@@ -239,8 +268,10 @@ def main():
         print(f"{'model':8} {'ms/step':>9} {'peak MB':>9}")
         for layer in ("adder", "conv"):
             print(f"{layer:8} {train[layer]['ms']:9.2f} {train[layer]['peak_mb']:9.0f}")
-        print(f"adder/conv: time {train['time_ratio']:.2f}x (target <= 3x), "
-              f"peak memory {train['mem_ratio']:.2f}x (target <= 2x)")
+        print(
+            f"adder/conv: time {train['time_ratio']:.2f}x (target <= 3x), "
+            f"peak memory {train['mem_ratio']:.2f}x (target <= 2x)"
+        )
 
     out = a.json or (os.path.join(os.environ["OUT"], "bench_gpu.json") if os.environ.get("OUT") else None)
     if out:

@@ -29,6 +29,7 @@ from a randomly initialised ResNet-20 quantised on random images (the speed does
     python scripts/bench_quant.py --whole-model [--q8 PATH] [--q4 PATH] [--rounds N] [--reps N]
         [--thread-list 2,1] [--models conv,q8 int,...] [--json PATH]
 """
+
 import argparse
 import datetime
 import json
@@ -43,13 +44,14 @@ import torch
 import torch.nn as nn
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
 from addernet.errors import reported
+from addernet.models import build_model
 from addernet.ops import Adder2d
 from addernet.ops.kernels import int_cpu
-from addernet.models import build_model
 from addernet.quant import IntegerResNet, load_quantized_into, quantize_model
 from addernet.quant.convert import quantize_layer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SHAPES = [  # (name, in, out, size, kernel, stride, padding)
     ("16->16 32x32", 16, 16, 32, 3, 1, 1),
@@ -79,9 +81,12 @@ def bench(shape, batch, rounds, groups):
     qa = (x * 255).round().to(torch.uint8)
     u = (2 * q.qweight.to(torch.int32)).clamp(min=0).to(torch.uint8)
     packed = int_cpu.pack_weight(u, 1)
-    fns = {"conv": lambda: conv(x), "adder": lambda: adder(x),
-           "int8 sum": lambda: int_cpu.forward(qa, u, (s, s), (p, p), (1, 1), 1, packed),
-           "qadder": lambda: q(x)}
+    fns = {
+        "conv": lambda: conv(x),
+        "adder": lambda: adder(x),
+        "int8 sum": lambda: int_cpu.forward(qa, u, (s, s), (p, p), (1, 1), 1, packed),
+        "qadder": lambda: q(x),
+    }
     inner = max(1, int(2e7 // (batch * cout * cin * k * k * (size // s) ** 2) + 1))
     times = {n: [] for n in fns}
     with torch.no_grad():
@@ -106,8 +111,10 @@ def _random_quantised(bits):
     model = build_model("resnet20").eval()
     images = torch.rand(64, 3, 32, 32) * 4 - 2
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, torch.zeros(64)), batch_size=32)
-    cfg = OmegaConf.merge(OmegaConf.load(ROOT / "configs" / "quant" / "default.yaml"),
-                          {"bits": bits, "calib_images": 64, "calib_batch_size": 32})
+    cfg = OmegaConf.merge(
+        OmegaConf.load(ROOT / "configs" / "quant" / "default.yaml"),
+        {"bits": bits, "calib_images": 64, "calib_batch_size": 32},
+    )
     return quantize_model(model, loader, cfg)
 
 
@@ -156,12 +163,15 @@ def worker(a):
 
 def whole_model(a):
     load0 = os.getloadavg()
-    print(f"{datetime.date.today()} | torch {torch.__version__} | ResNet-20, CIFAR 32x32 | {a.rounds} rounds, fresh "
-          f"process per model and round | load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}", flush=True)
+    print(
+        f"{datetime.date.today()} | torch {torch.__version__} | ResNet-20, CIFAR 32x32 | {a.rounds} rounds, fresh "
+        f"process per model and round | load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}",
+        flush=True,
+    )
     models = [m for m in MODELS if m in a.models]
     runs = {m: [] for m in models}
     for r in range(a.rounds):
-        order = models[r % len(models):] + models[:r % len(models)]
+        order = models[r % len(models) :] + models[: r % len(models)]
         for m in order:
             cmd = [sys.executable, __file__, "--worker", m, "--reps", str(a.reps), "--thread-list", a.thread_list_arg]
             cmd += [f for flag, v in (("--q8", a.q8), ("--q4", a.q4)) if v for f in (flag, v)]
@@ -186,19 +196,26 @@ def whole_model(a):
         cells = []
         for k in keys:
             med, half = cell(m, k)
-            cells.append(f"{med:.3f} ± {half:.3f}" if k.endswith(",1") else f"{64e3 / med:.0f} ± {64e3 * half / med ** 2:.0f}")
+            cells.append(
+                f"{med:.3f} ± {half:.3f}" if k.endswith(",1") else f"{64e3 / med:.0f} ± {64e3 * half / med**2:.0f}"
+            )
         c1, c64 = cell(m, keys[0], 1), cell(m, keys[1], 1)  # CPU time at the first thread count
         rows.append({"model": m, **{k: [run[k] for run in runs[m]] for k in keys}})
         print(f"| {m} | " + " | ".join(cells) + f" | {c1[0]:.3f} | {c64[0] / 64:.3f} |")
     if "conv" in models:
         print("\nratios to the float CNN twin (median times; > 1: faster than conv)")
         for m in models:
-            ratios = (f"thr {k.split(',')[0]} b{k.split(',')[1]}: {cell('conv', k)[0] / cell(m, k)[0]:.2f}x" for k in keys)
+            ratios = (
+                f"thr {k.split(',')[0]} b{k.split(',')[1]}: {cell('conv', k)[0] / cell(m, k)[0]:.2f}x" for k in keys
+            )
             print(f"  {m:10s} " + "  ".join(ratios))
     print(f"load average after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"date": str(datetime.date.today()), "load_before": load0,
-                                            "load_after": load1, "rows": rows}, indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                {"date": str(datetime.date.today()), "load_before": load0, "load_after": load1, "rows": rows}, indent=1
+            )
+        )
 
 
 def main():
@@ -223,9 +240,13 @@ def main():
         return whole_model(a)
     torch.set_num_threads(a.threads)
     load0 = os.getloadavg()
-    print(f"{datetime.date.today()} | torch {torch.__version__} | threads {a.threads} | load average before "
-          f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} | qadder: 8 bits, G={a.groups}")
-    print("| shape | batch | conv ms | adder (float) ms | int8 sum ms | qadder ms | adder / int8 sum | adder / qadder |")
+    print(
+        f"{datetime.date.today()} | torch {torch.__version__} | threads {a.threads} | load average before "
+        f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} | qadder: 8 bits, G={a.groups}"
+    )
+    print(
+        "| shape | batch | conv ms | adder (float) ms | int8 sum ms | qadder ms | adder / int8 sum | adder / qadder |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     rows = []
     for batch in (1, 64):
@@ -233,13 +254,26 @@ def main():
             r = bench(shape, batch, a.rounds, a.groups)
             rows.append({"shape": shape[0], "batch": batch, **{k: v for k, v in r.items()}})
             cell = " | ".join(f"{m:.3f} ± {h:.3f}" for m, h in r.values())
-            print(f"| {shape[0]} | {batch} | {cell} | {r['adder'][0] / r['int8 sum'][0]:.2f}x | "
-                  f"{r['adder'][0] / r['qadder'][0]:.2f}x |", flush=True)
+            print(
+                f"| {shape[0]} | {batch} | {cell} | {r['adder'][0] / r['int8 sum'][0]:.2f}x | "
+                f"{r['adder'][0] / r['qadder'][0]:.2f}x |",
+                flush=True,
+            )
     load1 = os.getloadavg()
     print(f"load average after {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"date": str(datetime.date.today()), "threads": a.threads,
-                                            "load_before": load0, "load_after": load1, "rows": rows}, indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "date": str(datetime.date.today()),
+                    "threads": a.threads,
+                    "load_before": load0,
+                    "load_after": load1,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

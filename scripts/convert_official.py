@@ -8,6 +8,7 @@ composes them), so `python test.py checkpoint=OUT` needs no model= override. The
 checked against the model before anything is written; the file is written atomically
 (addernet.checkpoint.official.convert_official).
 """
+
 import argparse
 
 from hydra import compose, initialize_config_dir
@@ -32,8 +33,11 @@ def main(argv=None):
     p.add_argument("dst", metavar="OUT", help="output path (this repo's format)")
     p.add_argument("--model", default="resnet20", help="configs/model/<name> (default resnet20)")
     p.add_argument("--layer", default="adder", choices=("adder", "conv"))
-    p.add_argument("--data", help="configs/data/<name> to store; default: cifar10 for CIFAR models (resnet20), "
-                                  "imagenet for ImageNet models (resnet50)")
+    p.add_argument(
+        "--data",
+        help="configs/data/<name> to store; default: cifar10 for CIFAR models (resnet20), "
+        "imagenet for ImageNet models (resnet50)",
+    )
     args = p.parse_args(argv)
     if args.model not in MODELS:
         p.error(f"unknown --model {args.model!r}; choose one of {', '.join(MODELS)}")
@@ -44,11 +48,18 @@ def main(argv=None):
         with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
             cfg = compose("test", overrides=overrides)
         config = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in ("model", "data")}
-        out = convert_official(args.src, args.dst, model_from_config(OmegaConf.create(config)), config,
-                               format_version=FORMAT_VERSION,
-                               hint="Pick the checkpoint's architecture with --model (and --layer/--data).")
-    print(f"wrote {out}: model={args.model} model.layer={args.layer} data={data}; "
-          f"evaluate with: python test.py checkpoint={out}")
+        out = convert_official(
+            args.src,
+            args.dst,
+            model_from_config(OmegaConf.create(config)),
+            config,
+            format_version=FORMAT_VERSION,
+            hint="Pick the checkpoint's architecture with --model (and --layer/--data).",
+        )
+    print(
+        f"wrote {out}: model={args.model} model.layer={args.layer} data={data}; "
+        f"evaluate with: python test.py checkpoint={out}"
+    )
 
 
 if __name__ == "__main__":

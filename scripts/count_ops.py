@@ -12,6 +12,7 @@ the model's own dataset (CIFAR models: cifar10, lenet5_bn: mnist, ImageNet model
 on the meta device (shapes only), so it takes seconds for any model. The conventions are in
 addernet/analysis/op_count.py. The last line printed is one JSON object with every figure.
 """
+
 import json
 import sys
 
@@ -39,10 +40,14 @@ OmegaConf.register_new_resolver("entry_groups", groups_listing, replace=True)  #
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 def main(cfg):
     with reported("count_ops.py", errors=(ValueError,)):
-        options = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items()
-                   if k not in ("name", "layer", "image_size")}  # the input size is data.image_size
-        result = count_model_ops(cfg.model.name, cfg.model.layer, cfg.data.num_classes,
-                                 cfg.data.in_channels, cfg.data.image_size, **options)
+        options = {
+            k: v
+            for k, v in OmegaConf.to_container(cfg.model, resolve=True).items()
+            if k not in ("name", "layer", "image_size")
+        }  # the input size is data.image_size
+        result = count_model_ops(
+            cfg.model.name, cfg.model.layer, cfg.data.num_classes, cfg.data.in_channels, cfg.data.image_size, **options
+        )
     print(format_report(result))
     print(json.dumps(result))
 

@@ -5,6 +5,7 @@ one, written with standard operators only (addernet/quant/onnx.py), input "image
 a dynamic batch, output "logits"; onnx.checker runs on the file. Needs the optional extras onnx
 (+ onnxruntime to run it): pip install -r requirements-extras.txt.
 """
+
 import json
 import sys
 
@@ -13,10 +14,10 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from addernet.engine.entry_checks import check_output_path, precheck
+from addernet.engine.eval_run import load_float_model
 from addernet.errors import reported
 from addernet.quant import quantize_for_eval
-from addernet.engine.eval_run import load_float_model
-from addernet.engine.entry_checks import check_output_path, precheck
 from addernet.quant.onnx import export_onnx
 
 
@@ -24,7 +25,9 @@ from addernet.quant.onnx import export_onnx
 def main(cfg):
     with reported("export_onnx.py", errors=(OmegaConfBaseException, ValueError, ImportError)):
         check_output_path(cfg.get("out"), "out", inputs=(cfg.get("checkpoint"),), overwrite=bool(cfg.overwrite))
-        model, cfg, path = load_float_model(cfg, HydraConfig.get().overrides.task, allow_quantized=True, entry="export_onnx")
+        model, cfg, path = load_float_model(
+            cfg, HydraConfig.get().overrides.task, allow_quantized=True, entry="export_onnx"
+        )
         model, info = quantize_for_eval(model, cfg)
         size = int(cfg.data.image_size)
         example = torch.zeros(2, int(cfg.data.in_channels), size, size)
@@ -33,7 +36,9 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    error = precheck(sys.argv[1:], "export_onnx", run_dir=False)  # before Hydra, whose own errors are multi-line, exit 1
+    error = precheck(
+        sys.argv[1:], "export_onnx", run_dir=False
+    )  # before Hydra, whose own errors are multi-line, exit 1
     if error:
         print(f"export_onnx.py: error: {error}", file=sys.stderr)
         sys.exit(2)

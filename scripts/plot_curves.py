@@ -6,6 +6,7 @@ Each RUN_DIR holds the `metrics.jsonl` that train.py writes (one JSON object per
 overlaid on shared axes (one colour per run; train dashed, val solid), so adder and CNN compare
 directly. matplotlib is an optional dependency of this script only: `pip install -e '.[plot]'`.
 """
+
 import argparse
 import json
 from pathlib import Path
@@ -13,8 +14,10 @@ from pathlib import Path
 from addernet.errors import ConfigError, DataError, reported
 
 # (panel title, y label, train key, val key) for the two panels.
-PANELS = (("top-1 accuracy", "top-1 (%)", "train_top1", "val_top1"),
-          ("loss", "cross-entropy loss", "train_loss", "val_loss"))
+PANELS = (
+    ("top-1 accuracy", "top-1 (%)", "train_top1", "val_top1"),
+    ("loss", "cross-entropy loss", "train_loss", "val_loss"),
+)
 
 
 def load_metrics(run_dir):
@@ -49,6 +52,7 @@ def series(records, key):
 def plot(runs, out):
     """Draw `runs` ([(label, records)]) into a two-panel figure saved at `out`; returns the figure."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
@@ -89,8 +93,9 @@ def main(argv=None):
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ConfigError("plot_curves.py needs matplotlib, an optional extra: pip install -e '.[plot]' "
-                          "(or pip install matplotlib)") from None
+        raise ConfigError(
+            "plot_curves.py needs matplotlib, an optional extra: pip install -e '.[plot]' (or pip install matplotlib)"
+        ) from None
     plot(runs, args.out)
     print(f"wrote {args.out} ({len(runs)} run(s))")
 

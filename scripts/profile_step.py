@@ -11,6 +11,7 @@ inflates them; the shares and the 1-thread CPU time are the figures that survive
 
     python scripts/profile_step.py [--batch 64] [--steps 5] [--threads 1] [--json PATH]
 """
+
 import argparse
 import json
 import os
@@ -24,10 +25,23 @@ from addernet.errors import reported
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CATEGORIES = ("adder forward: kernel", "adder forward: packing/copies", "adder input-grad: kernel",
-              "adder input-grad: packing/copies", "adder weight-grad", "conv forward", "conv backward",
-              "BatchNorm forward", "BatchNorm backward", "ReLU forward", "ReLU backward",
-              "adds (residual, grad accumulation)", "adaptive-LR hook", "optimizer (SGD)", "other")
+CATEGORIES = (
+    "adder forward: kernel",
+    "adder forward: packing/copies",
+    "adder input-grad: kernel",
+    "adder input-grad: packing/copies",
+    "adder weight-grad",
+    "conv forward",
+    "conv backward",
+    "BatchNorm forward",
+    "BatchNorm backward",
+    "ReLU forward",
+    "ReLU backward",
+    "adds (residual, grad accumulation)",
+    "adaptive-LR hook",
+    "optimizer (SGD)",
+    "other",
+)
 
 
 def _category(ev):
@@ -128,27 +142,47 @@ def main():
     load_before = os.getloadavg()
     res = {}
     for layer in ("adder", "conv"):
-        cmd = [sys.executable, __file__, "--child", layer, "--batch", str(args.batch), "--steps", str(args.steps),
-               "--threads", str(args.threads)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            layer,
+            "--batch",
+            str(args.batch),
+            "--steps",
+            str(args.steps),
+            "--threads",
+            str(args.threads),
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         if out.returncode:
             sys.exit(f"profiling the {layer} twin failed:\n{out.stderr[-2000:]}")
         res[layer] = json.loads(out.stdout.strip().splitlines()[-1])
     load_after = os.getloadavg()
-    print(f"# ResNet-20 step, batch {args.batch}, {args.threads} thread(s), {args.steps} profiled steps; "
-          f"loadavg {load_before[0]:.1f} before, {load_after[0]:.1f} after")
+    print(
+        f"# ResNet-20 step, batch {args.batch}, {args.threads} thread(s), {args.steps} profiled steps; "
+        f"loadavg {load_before[0]:.1f} before, {load_after[0]:.1f} after"
+    )
     # profiler times are wall time inside each op, inflated alike by other load; shown as shares of
     # the profiled total and as those shares of the unprofiled step's process CPU time
     tot = {k: sum(v["self_cpu_ms"].values()) for k, v in res.items()}
     print("| category | AdderNet % | AdderNet ms | CNN % | CNN ms |\n|---|---|---|---|---|")
     for c in CATEGORIES:
-        a, b = res["adder"]["self_cpu_ms"].get(c, 0.0) / tot["adder"], res["conv"]["self_cpu_ms"].get(c, 0.0) / tot["conv"]
+        a, b = (
+            res["adder"]["self_cpu_ms"].get(c, 0.0) / tot["adder"],
+            res["conv"]["self_cpu_ms"].get(c, 0.0) / tot["conv"],
+        )
         if a or b:
-            print(f"| {c} | {100 * a:.1f} | {a * res['adder']['cpu_ms']:.1f} | {100 * b:.1f} | {b * res['conv']['cpu_ms']:.1f} |")
+            print(
+                f"| {c} | {100 * a:.1f} | {a * res['adder']['cpu_ms']:.1f} | {100 * b:.1f} | "
+                f"{b * res['conv']['cpu_ms']:.1f} |"
+            )
     print(f"| step, process CPU ms | 100 | {res['adder']['cpu_ms']:.1f} | 100 | {res['conv']['cpu_ms']:.1f} |")
     print(f"| step, wall ms (unprofiled) | | {res['adder']['wall_ms']:.1f} | | {res['conv']['wall_ms']:.1f} |")
-    print(f"# AdderNet/CNN step ratio: {res['adder']['cpu_ms'] / res['conv']['cpu_ms']:.2f} (process CPU time), "
-          f"{res['adder']['wall_ms'] / res['conv']['wall_ms']:.2f} (wall)")
+    print(
+        f"# AdderNet/CNN step ratio: {res['adder']['cpu_ms'] / res['conv']['cpu_ms']:.2f} (process CPU time), "
+        f"{res['adder']['wall_ms'] / res['conv']['wall_ms']:.2f} (wall)"
+    )
     if args.json:
         args.json.write_text(json.dumps({"load_before": load_before, "load_after": load_after, **res}, indent=1))
 

@@ -8,6 +8,7 @@ re-estimated). The activation ranges are computed once (they do not depend on bi
 every setting quantises a fresh copy with quantize_model and evaluates with addernet.engine.evaluate
 on each --val folder (ImageFolder, CIFAR-10 transforms). Official ResNet-20 files or our checkpoints.
 """
+
 import argparse
 import copy
 import datetime
@@ -18,14 +19,15 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-REPO = Path(__file__).resolve().parents[1]
 from addernet.data import build_loader
 from addernet.engine import evaluate
+from addernet.engine.eval_run import load_float_model
 from addernet.errors import reported
 from addernet.quant import calibration_loader, quantize_model
 from addernet.quant import convert as qconvert
 from addernet.quant.calibration import recalibrate_bn
-from addernet.engine.eval_run import load_float_model
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def main():
@@ -37,8 +39,16 @@ def main():
     p.add_argument("--settings", default="8:4:1,6:4:1,5:4:1,4:4:1,8:1:1,4:1:1,8:4:0,4:4:0")
     p.add_argument("--json")
     a = p.parse_args()
-    overrides = [f"checkpoint={a.checkpoint}", "model=resnet20", "data=cifar10_folder", f"data.train_dir={a.train}",
-                 "data.num_workers=0", "data.batch_size=250", f"quant.calib_images={a.calib_images}", "quant.bits=8"]
+    overrides = [
+        f"checkpoint={a.checkpoint}",
+        "model=resnet20",
+        "data=cifar10_folder",
+        f"data.train_dir={a.train}",
+        "data.num_workers=0",
+        "data.batch_size=250",
+        f"quant.calib_images={a.calib_images}",
+        "quant.bits=8",
+    ]
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose("test", overrides=overrides)
     base, cfg, _ = load_float_model(cfg, overrides, entry="test")
@@ -69,12 +79,23 @@ def main():
         q = copy.deepcopy(cfg.quant)
         q.bits, q.groups, q.bn_recalib = bits, groups, bool(bn)
         torch.manual_seed(int(q.seed))
-        record(f"{bits} bits, G={groups}, BN {'re-estimated' if bn else 'as loaded'}",
-               quantize_model(copy.deepcopy(base), calib, q, bn_loader))
+        record(
+            f"{bits} bits, G={groups}, BN {'re-estimated' if bn else 'as loaded'}",
+            quantize_model(copy.deepcopy(base), calib, q, bn_loader),
+        )
     qconvert.activation_ranges = cached
     if a.json:
-        Path(a.json).write_text(json.dumps({"date": datetime.date.today().isoformat(), "args": vars(a),
-                                            "calib_images": len(calib.dataset), "rows": rows}, indent=1))
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "date": datetime.date.today().isoformat(),
+                    "args": vars(a),
+                    "calib_images": len(calib.dataset),
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

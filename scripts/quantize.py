@@ -6,6 +6,7 @@ the data config's training split (docs/quantization.md). The file (integer weigh
 bias terms, ranges, re-estimated BatchNorm, the source config) is evaluated by test.py directly,
 without calibrating again, and loads with torch.load(weights_only=True). Prints one JSON line.
 """
+
 import json
 import sys
 
@@ -14,11 +15,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from addernet.errors import reported
 from addernet.engine import ConfigError
-from addernet.quant import quantize_for_eval, save_quantized
-from addernet.engine.eval_run import load_float_model
 from addernet.engine.entry_checks import check_output_path, precheck
+from addernet.engine.eval_run import load_float_model
+from addernet.errors import reported
+from addernet.quant import quantize_for_eval, save_quantized
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="quantize")

@@ -20,6 +20,7 @@ the measured rates, where overhead is the rest of the measured epoch. The notes 
 recorded that data.on_device did not hold the data on the training device, or that trainer.compile was
 set but the model was not compiled.
 """
+
 import argparse
 import csv
 import io
@@ -31,8 +32,19 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 CIFAR_TRAIN, CIFAR_VAL = 50_000, 10_000
-RESULT_COLUMNS = ("run", "overrides", "seed", "epochs", "final_top1", "final_top5", "best_top1", "best_epoch",
-                  "best_top5", "images_per_s", "wall_s")
+RESULT_COLUMNS = (
+    "run",
+    "overrides",
+    "seed",
+    "epochs",
+    "final_top1",
+    "final_top5",
+    "best_top1",
+    "best_epoch",
+    "best_top5",
+    "images_per_s",
+    "wall_s",
+)
 
 
 def _records(run):
@@ -78,11 +90,19 @@ def result_row(run_dir):
     last = records[-1]
     best = max(records, key=lambda r: r["val_top1"])  # the first epoch with the best top-1 (best.pt's)
     timed = records[1:] or records
-    return {"run": run.name, "overrides": " ".join(_overrides(run)), "seed": cfg["trainer"]["seed"],
-            "epochs": len(records), "final_top1": last["val_top1"], "final_top5": last["val_top5"],
-            "best_top1": best["val_top1"], "best_epoch": best["epoch"], "best_top5": max(r["val_top5"] for r in records),
-            "images_per_s": statistics.fmean(r["images_per_s"] for r in timed),
-            "wall_s": sum(r["epoch_seconds"] for r in records)}
+    return {
+        "run": run.name,
+        "overrides": " ".join(_overrides(run)),
+        "seed": cfg["trainer"]["seed"],
+        "epochs": len(records),
+        "final_top1": last["val_top1"],
+        "final_top5": last["val_top5"],
+        "best_top1": best["val_top1"],
+        "best_epoch": best["epoch"],
+        "best_top5": max(r["val_top5"] for r in records),
+        "images_per_s": statistics.fmean(r["images_per_s"] for r in timed),
+        "wall_s": sum(r["epoch_seconds"] for r in records),
+    }
 
 
 def seed_groups(rows):
@@ -95,8 +115,12 @@ def seed_groups(rows):
     for key, members in groups.items():
         if len(members) < 2 or len({m["seed"] for m in members}) < 2:
             continue
-        row = {"run": f"mean ± std ({len(members)} seeds)", "overrides": key,
-               "seed": ",".join(str(m["seed"]) for m in members), "epochs": min(m["epochs"] for m in members)}
+        row = {
+            "run": f"mean ± std ({len(members)} seeds)",
+            "overrides": key,
+            "seed": ",".join(str(m["seed"]) for m in members),
+            "epochs": min(m["epochs"] for m in members),
+        }
         for k in ("final_top1", "final_top5", "best_top1", "best_top5", "images_per_s", "wall_s"):
             values = [m[k] for m in members]
             row[k] = (statistics.fmean(values), statistics.stdev(values))
@@ -113,20 +137,28 @@ def _cell(value, digits=2):
 
 
 def results_markdown(rows):
-    head = "| run | overrides | seed | epochs | final top-1 | final top-5 | best top-1 (epoch) | best top-5 | img/s | wall s |"
+    head = (
+        "| run | overrides | seed | epochs | final top-1 | final top-5 | best top-1 (epoch) | best top-5 | img/s "
+        "| wall s |"
+    )
     lines = [head, "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         best = _cell(r["best_top1"]) + (f" ({r['best_epoch']})" if r.get("best_epoch") else "")
-        lines.append(f"| {r['run']} | {r['overrides'] or '(none)'} | {r['seed']} | {r['epochs']} | "
-                     f"{_cell(r['final_top1'])} | {_cell(r['final_top5'])} | {best} | {_cell(r['best_top5'])} | "
-                     f"{_cell(r['images_per_s'], 0)} | {_cell(r['wall_s'], 1)} |")
+        lines.append(
+            f"| {r['run']} | {r['overrides'] or '(none)'} | {r['seed']} | {r['epochs']} | "
+            f"{_cell(r['final_top1'])} | {_cell(r['final_top5'])} | {best} | {_cell(r['best_top5'])} | "
+            f"{_cell(r['images_per_s'], 0)} | {_cell(r['wall_s'], 1)} |"
+        )
     return "\n".join(lines)
 
 
 def results_csv(rows):
     """CSV of the rows; a mean ± std cell is written as two columns' worth: ``<key>`` and ``<key>_std``."""
-    columns = [c for k in RESULT_COLUMNS for c in ((k, f"{k}_std") if k not in ("run", "overrides", "seed",
-                                                                               "epochs", "best_epoch") else (k,))]
+    columns = [
+        c
+        for k in RESULT_COLUMNS
+        for c in ((k, f"{k}_std") if k not in ("run", "overrides", "seed", "epochs", "best_epoch") else (k,))
+    ]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
@@ -161,21 +193,34 @@ def summarize(run_dir, epochs=400):
         notes.append(f"data held on {held}, not {device} (build_loader got no device)")
     if compiled and not facts.get("compiled"):
         notes.append("not compiled (the model was not compiled)")
-    return {"run": run.name, "model": f"{cfg['model']['name']} {cfg['model']['layer']}",
-            "data": "device" if on_device else "DataLoader", "compile": compiled,
-            "device": device or "?", "epochs_run": len(records), "train_img_s": ips,
-            "val_img_s": vips, "epoch_s": last["epoch_seconds"], "overhead_s": overhead,
-            "projected_h": epochs * (CIFAR_TRAIN / ips + CIFAR_VAL / vips + overhead) / 3600, "notes": notes}
+    return {
+        "run": run.name,
+        "model": f"{cfg['model']['name']} {cfg['model']['layer']}",
+        "data": "device" if on_device else "DataLoader",
+        "compile": compiled,
+        "device": device or "?",
+        "epochs_run": len(records),
+        "train_img_s": ips,
+        "val_img_s": vips,
+        "epoch_s": last["epoch_seconds"],
+        "overhead_s": overhead,
+        "projected_h": epochs * (CIFAR_TRAIN / ips + CIFAR_VAL / vips + overhead) / 3600,
+        "notes": notes,
+    }
 
 
 def table(rows, epochs):
-    head = (f"| model | data | compile | device | train img/s | val img/s | epoch s (last) | "
-            f"projected {epochs} epochs | notes |")
+    head = (
+        f"| model | data | compile | device | train img/s | val img/s | epoch s (last) | "
+        f"projected {epochs} epochs | notes |"
+    )
     lines = [head, "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['data']} | {'on' if r['compile'] else 'off'} | {r['device']} | "
-                     f"{r['train_img_s']:.0f} | {r['val_img_s']:.0f} | {r['epoch_s']:.2f} | "
-                     f"{r['projected_h']:.2f} h | {'; '.join(r['notes'])} |")
+        lines.append(
+            f"| {r['model']} | {r['data']} | {'on' if r['compile'] else 'off'} | {r['device']} | "
+            f"{r['train_img_s']:.0f} | {r['val_img_s']:.0f} | {r['epoch_s']:.2f} | "
+            f"{r['projected_h']:.2f} h | {'; '.join(r['notes'])} |"
+        )
     return "\n".join(lines)
 
 

@@ -11,6 +11,7 @@ addernet/zoo/manifest.json: preset, command, date, seed, sha256, the top-1 test.
 final and best epoch top-1. Exits 2 with one line when the run is unfinished or test.py disagrees with
 the run's own last validation.
 """
+
 import argparse
 import datetime
 import json
@@ -26,12 +27,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def evaluate(file, data_root, *extra):
-    cmd = [sys.executable, str(ROOT / "test.py"), f"checkpoint={file}", f"data.root={data_root}", "data.download=false",
-           *extra]
+    cmd = [
+        sys.executable,
+        str(ROOT / "test.py"),
+        f"checkpoint={file}",
+        f"data.root={data_root}",
+        "data.download=false",
+        *extra,
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if out.returncode:  # test.py's own exit code
-        print(f"zoo_add.py: error: {' '.join(cmd)} failed (exit {out.returncode}): {out.stderr.strip()[-500:]}",
-              file=sys.stderr)
+        print(
+            f"zoo_add.py: error: {' '.join(cmd)} failed (exit {out.returncode}): {out.stderr.strip()[-500:]}",
+            file=sys.stderr,
+        )
         sys.exit(out.returncode)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -49,23 +58,37 @@ def main():
     ckpt = load_checkpoint(args.run_dir / "checkpoints" / "last.pt")
     history, planned = ckpt.get("history") or [], ckpt["config"]["trainer"]["epochs"]
     if ckpt.get("step") or ckpt.get("epoch") != planned or len(history) != planned:
-        raise ConfigError(f"{args.run_dir} is unfinished (epoch {ckpt.get('epoch')} of {planned}, step "
-                          f"{ckpt.get('step')}); finish the run first.")
+        raise ConfigError(
+            f"{args.run_dir} is unfinished (epoch {ckpt.get('epoch')} of {planned}, step "
+            f"{ckpt.get('step')}); finish the run first."
+        )
     file = ZOO / f"{args.name}.pt"
     save_checkpoint(inference_checkpoint(ckpt), file)
     result = evaluate(file, args.data_root)
     final = history[-1]
     if abs(result["top1"] - final["val_top1"]) > 1e-9:
-        sys.exit(f"zoo_add.py: error: test.py gives top-1 {result['top1']} for {file}, but the run's last validation "
-                 f"gave {final['val_top1']}; investigate before publishing.")
+        sys.exit(
+            f"zoo_add.py: error: test.py gives top-1 {result['top1']} for {file}, but the run's last validation "
+            f"gave {final['val_top1']}; investigate before publishing."
+        )
     best = max(history, key=lambda r: r["val_top1"])
-    entry = {"file": file.name, "preset": args.preset, "command": args.command,
-             "evaluate": f"python test.py checkpoint=addernet/zoo/{file.name} data.root=<folder holding MNIST/raw> "
-                         f"data.download=false",
-             "date": datetime.date.today().isoformat(), "seed": ckpt["config"]["trainer"]["seed"],
-             "epochs": planned, "sha256": sha256(file), "top1": result["top1"], "top5": result["top5"],
-             "n": result["n"], "final_epoch_top1": final["val_top1"], "best_epoch_top1": best["val_top1"],
-             "best_epoch": best["epoch"]}
+    entry = {
+        "file": file.name,
+        "preset": args.preset,
+        "command": args.command,
+        "evaluate": f"python test.py checkpoint=addernet/zoo/{file.name} data.root=<folder holding MNIST/raw> "
+        f"data.download=false",
+        "date": datetime.date.today().isoformat(),
+        "seed": ckpt["config"]["trainer"]["seed"],
+        "epochs": planned,
+        "sha256": sha256(file),
+        "top1": result["top1"],
+        "top5": result["top5"],
+        "n": result["n"],
+        "final_epoch_top1": final["val_top1"],
+        "best_epoch_top1": best["val_top1"],
+        "best_epoch": best["epoch"],
+    }
     for bits in args.quant_bits:
         q = evaluate(file, args.data_root, f"quant.bits={bits}")
         entry.setdefault("quantized_top1", {})[str(bits)] = q["top1"]

@@ -3,6 +3,7 @@
 One table for the CPU and GPU kernel benchmarks and the GPU tests, so they measure and check the same
 layers. A row is (name, in_channels, out_channels, input size, kernel, stride, padding).
 """
+
 RESNET20 = [
     ("r20 16->16 32x32", 16, 16, 32, 3, 1, 1),
     ("r20 16->32 32x32 s2", 16, 32, 32, 3, 2, 1),

@@ -26,6 +26,7 @@ the output shape), so even ResNet-50 at 224x224 counts in a second.
 Energy: 45 nm, 32-bit float, from M. Horowitz, "Computing's energy problem (and what we can do
 about it)", ISSCC 2014: 3.7 pJ per multiplication, 0.9 pJ per addition.
 """
+
 import copy
 import inspect
 
@@ -34,23 +35,31 @@ import torch.nn as nn
 import torchvision.models as tvm
 
 from ..models import MODELS, build_model
-from ..models.blocks import RESIDUAL_BLOCKS
 from ..models.attention import AdderAttention
+from ..models.blocks import RESIDUAL_BLOCKS
 from ..models.vit import Block as VitBlock
 from ..ops import ADDER_MODULES, AdderLinear
 
 MUL_PJ, ADD_PJ = 3.7, 0.9
-ENERGY_SOURCE = ('M. Horowitz, "Computing\'s energy problem (and what we can do about it)", '
-                 "ISSCC 2014: 45 nm, 32-bit float, 3.7 pJ per multiplication, 0.9 pJ per addition")
+ENERGY_SOURCE = (
+    'M. Horowitz, "Computing\'s energy problem (and what we can do about it)", '
+    "ISSCC 2014: 45 nm, 32-bit float, 3.7 pJ per multiplication, 0.9 pJ per addition"
+)
 
 # The AdderNet paper's (#Mul, #Add) per image (Tables 1-3; MNIST from Sec. 4.1), and the input side it is for.
 PAPER_OPS = {
-    ("lenet5_bn", "conv"): (435e3, 435e3, 28), ("lenet5_bn", "adder"): (0, 870e3, 28),
-    ("resnet20", "conv"): (41.17e6, 41.17e6, 32), ("resnet20", "adder"): (0, 82.34e6, 32),
-    ("resnet32", "conv"): (69.12e6, 69.12e6, 32), ("resnet32", "adder"): (0, 138.24e6, 32),
-    ("vgg_small", "conv"): (0.65e9, 0.65e9, 32), ("vgg_small", "adder"): (0, 1.30e9, 32),
-    ("resnet18", "conv"): (1.8e9, 1.8e9, 224), ("resnet18", "adder"): (0, 3.6e9, 224),
-    ("resnet50", "conv"): (3.9e9, 3.9e9, 224), ("resnet50", "adder"): (0, 7.7e9, 224),
+    ("lenet5_bn", "conv"): (435e3, 435e3, 28),
+    ("lenet5_bn", "adder"): (0, 870e3, 28),
+    ("resnet20", "conv"): (41.17e6, 41.17e6, 32),
+    ("resnet20", "adder"): (0, 82.34e6, 32),
+    ("resnet32", "conv"): (69.12e6, 69.12e6, 32),
+    ("resnet32", "adder"): (0, 138.24e6, 32),
+    ("vgg_small", "conv"): (0.65e9, 0.65e9, 32),
+    ("vgg_small", "adder"): (0, 1.30e9, 32),
+    ("resnet18", "conv"): (1.8e9, 1.8e9, 224),
+    ("resnet18", "adder"): (0, 3.6e9, 224),
+    ("resnet50", "conv"): (3.9e9, 3.9e9, 224),
+    ("resnet50", "adder"): (0, 7.7e9, 224),
 }
 
 PARTS = {
@@ -62,11 +71,26 @@ PARTS = {
     "layernorm": "layer norm",
     "attention": "attention scores, softmax, A V",
 }
-_NO_OPS = (nn.ReLU, nn.ReLU6, nn.GELU, nn.SiLU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Identity, nn.Flatten,
-           nn.Dropout)
+_NO_OPS = (
+    nn.ReLU,
+    nn.ReLU6,
+    nn.GELU,
+    nn.SiLU,
+    nn.Hardswish,
+    nn.Hardsigmoid,
+    nn.Sigmoid,
+    nn.Identity,
+    nn.Flatten,
+    nn.Dropout,
+)
 # block type -> residual sums per output element (torchvision's residual blocks, the ViT block's two sums)
-_RESIDUALS = {**{b: 1 for b in RESIDUAL_BLOCKS}, tvm.resnet.BasicBlock: 1, tvm.resnet.Bottleneck: 1, VitBlock: 2,
-              tvm.mobilenetv2.InvertedResidual: lambda m: int(m.use_res_connect)}
+_RESIDUALS = {
+    **{b: 1 for b in RESIDUAL_BLOCKS},
+    tvm.resnet.BasicBlock: 1,
+    tvm.resnet.Bottleneck: 1,
+    VitBlock: 2,
+    tvm.mobilenetv2.InvertedResidual: lambda m: int(m.use_res_connect),
+}
 
 
 def _macs(m, y):
@@ -216,9 +240,16 @@ def count_model_ops(name, layer="adder", num_classes=10, in_channels=None, image
     in_ch = in_channels or MODELS[name][2]
     paper = PAPER_OPS.get((name, layer))
     paper = paper if paper and size == (paper[2], paper[2]) else None
-    return {"model": name, "layer": layer, "input": [1, in_ch, *size], **count_ops(model, (in_ch, *size), body),
-            "paper_table": {"mul": paper[0], "add": paper[1]} if paper else None,
-            "pj_per_mul": MUL_PJ, "pj_per_add": ADD_PJ, "energy_source": ENERGY_SOURCE}
+    return {
+        "model": name,
+        "layer": layer,
+        "input": [1, in_ch, *size],
+        **count_ops(model, (in_ch, *size), body),
+        "paper_table": {"mul": paper[0], "add": paper[1]} if paper else None,
+        "pj_per_mul": MUL_PJ,
+        "pj_per_add": ADD_PJ,
+        "energy_source": ENERGY_SOURCE,
+    }
 
 
 def _si(n):
@@ -238,13 +269,17 @@ def format_report(r):
     rows += [("whole network", r["total"]), ("paper convention (conv+fc)", r["paper"])]
     head = f"{'part':<28}{'params':>12}{'#Mul':>10}{'#Add':>10}{'energy uJ':>11}"
     lines = [f"{r['model']} layer={r['layer']}, one input {'x'.join(map(str, r['input'][1:]))}", head, "-" * len(head)]
-    lines += [f"{label:<28}{c['params']:>12,}{_si(c['mul']):>10}{_si(c['add']):>10}{c['energy_uj']:>11.2f}"
-              for label, c in rows]
+    lines += [
+        f"{label:<28}{c['params']:>12,}{_si(c['mul']):>10}{_si(c['add']):>10}{c['energy_uj']:>11.2f}"
+        for label, c in rows
+    ]
     if r["paper_table"]:
         p = r["paper_table"]
-        lines.append(f"{'paper table':<28}{'':>12}{_si(p['mul']):>10}{_si(p['add']):>10}"
-                     f"   (ours vs paper: #Mul {_dev(r['paper']['mul'], p['mul'])}, "
-                     f"#Add {_dev(r['paper']['add'], p['add'])})")
+        lines.append(
+            f"{'paper table':<28}{'':>12}{_si(p['mul']):>10}{_si(p['add']):>10}"
+            f"   (ours vs paper: #Mul {_dev(r['paper']['mul'], p['mul'])}, "
+            f"#Add {_dev(r['paper']['add'], p['add'])})"
+        )
     elif (r["model"], r["layer"]) in PAPER_OPS:
         side = PAPER_OPS[r["model"], r["layer"]][2]
         lines.append(f"paper table: given for {side}x{side} inputs (pick the matching data=..., e.g. data=imagenet)")

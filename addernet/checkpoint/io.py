@@ -5,6 +5,7 @@ os.replace, so a crash (SIGKILL, power loss) leaves either the old file or the n
 half-written file under the real name. Loading uses torch.load(weights_only=True): only tensors and
 plain Python containers are accepted, so a checkpoint from an untrusted source cannot run code.
 """
+
 import errno
 import io
 import os
@@ -63,11 +64,16 @@ def _write_error(path, e):
         reason = e.strerror or text
     else:  # torch's zip writer wraps the OS error: keep its last line, which names it
         reason = text.strip().splitlines()[-1] if text.strip() else type(e).__name__
-    old = (f"the previous {os.path.basename(path)} is intact (it is only replaced once a write completes)"
-           if os.path.isfile(path) else "no earlier file of that name existed")
-    return CheckpointError(f"cannot write checkpoint {path}: {reason}; {old}. Free space or make "
-                           f"{os.path.dirname(os.path.abspath(path))} writable, then re-run the same command to "
-                           f"resume.")
+    old = (
+        f"the previous {os.path.basename(path)} is intact (it is only replaced once a write completes)"
+        if os.path.isfile(path)
+        else "no earlier file of that name existed"
+    )
+    return CheckpointError(
+        f"cannot write checkpoint {path}: {reason}; {old}. Free space or make "
+        f"{os.path.dirname(os.path.abspath(path))} writable, then re-run the same command to "
+        f"resume."
+    )
 
 
 def load_checkpoint(path, map_location="cpu"):
@@ -78,12 +84,16 @@ def load_checkpoint(path, map_location="cpu"):
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint not found: {os.path.abspath(path)} (check the path; a run writes "
-                              f"<run dir>/checkpoints/last.pt and best.pt).")
+        raise CheckpointError(
+            f"checkpoint not found: {os.path.abspath(path)} (check the path; a run writes "
+            f"<run dir>/checkpoints/last.pt and best.pt)."
+        )
     if not _looks_like_torch_file(path):
-        raise CheckpointError(f"{path} is not a checkpoint: it is neither a torch.save zip archive nor a legacy "
-                              f"torch pickle ({os.path.getsize(path)} bytes). Check the path (a run writes "
-                              f"<run dir>/checkpoints/last.pt and best.pt).")
+        raise CheckpointError(
+            f"{path} is not a checkpoint: it is neither a torch.save zip archive nor a legacy "
+            f"torch pickle ({os.path.getsize(path)} bytes). Check the path (a run writes "
+            f"<run dir>/checkpoints/last.pt and best.pt)."
+        )
     _check_expansion(path)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
@@ -93,14 +103,16 @@ def load_checkpoint(path, map_location="cpu"):
                 f"refusing to load {path}: it holds Python objects other than tensors and plain containers, "
                 f"which torch.load(weights_only=True) rejects because unpickling them can run arbitrary code. "
                 f"Re-save it as a plain state_dict, or load it yourself with weights_only=False only if you "
-                f"trust its source. Detail: {str(e).splitlines()[0]}") from None
+                f"trust its source. Detail: {str(e).splitlines()[0]}"
+            ) from None
         raise CheckpointError(f"cannot read checkpoint {path}: it is corrupt or not a torch file ({e}).") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
         raise CheckpointError(
             f"cannot read checkpoint {path} ({os.path.getsize(path)} bytes): it is truncated or corrupt "
             f"({str(e).splitlines()[0] if str(e) else type(e).__name__}). If it is a run's last.pt, use best.pt "
             f"or an earlier copy; checkpoints written by this repo are atomic, so this usually means the file "
-            f"was damaged after writing or copied incompletely.") from None
+            f"was damaged after writing or copied incompletely."
+        ) from None
 
 
 def _check_expansion(path):
@@ -116,9 +128,11 @@ def _check_expansion(path):
         return  # not a readable zip (legacy format or damaged): torch.load reports it
     size = os.path.getsize(path)
     if expanded > 4 * size + (1 << 20):
-        raise CheckpointError(f"refusing to load {path}: its {size} bytes expand to {expanded} bytes of compressed "
-                              f"entries; torch.save never compresses, so this file was not written by torch.save "
-                              f"(a zip bomb, or a re-packed archive). Re-save it with torch.save.")
+        raise CheckpointError(
+            f"refusing to load {path}: its {size} bytes expand to {expanded} bytes of compressed "
+            f"entries; torch.save never compresses, so this file was not written by torch.save "
+            f"(a zip bomb, or a re-packed archive). Re-save it with torch.save."
+        )
 
 
 def _looks_like_torch_file(path):
@@ -143,13 +157,21 @@ def load_weights(model, state_dict, source="checkpoint", hint=""):
     expected = model.state_dict()
     missing = [k for k in expected if k not in state_dict]
     unexpected = [k for k in state_dict if k not in expected]
-    misshaped = [f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
-                 for k, v in state_dict.items() if k in expected and tuple(v.shape) != tuple(expected[k].shape)]
+    misshaped = [
+        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
+        for k, v in state_dict.items()
+        if k in expected and tuple(v.shape) != tuple(expected[k].shape)
+    ]
     if missing or unexpected or misshaped:
-        lines = [f"{source} does not fit the model {type(model).__name__} "
-                 f"({len(state_dict)} tensors in the checkpoint, {len(expected)} in the model):"]
-        for title, items in (("missing in the checkpoint", missing), ("unexpected in the checkpoint", unexpected),
-                             ("mis-shaped", misshaped)):
+        lines = [
+            f"{source} does not fit the model {type(model).__name__} "
+            f"({len(state_dict)} tensors in the checkpoint, {len(expected)} in the model):"
+        ]
+        for title, items in (
+            ("missing in the checkpoint", missing),
+            ("unexpected in the checkpoint", unexpected),
+            ("mis-shaped", misshaped),
+        ):
             if items:
                 lines += _listing(title, items)
         if hint:
@@ -162,11 +184,16 @@ def load_weights(model, state_dict, source="checkpoint", hint=""):
 
 def check_finite(state_dict, source="checkpoint"):
     """CheckpointError naming the tensors of ``state_dict`` that hold NaN or inf (nothing useful comes of them)."""
-    bad = [k for k, v in state_dict.items()
-           if isinstance(v, torch.Tensor) and v.is_floating_point() and not torch.isfinite(v).all()]
+    bad = [
+        k
+        for k, v in state_dict.items()
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and not torch.isfinite(v).all()
+    ]
     if bad:
-        raise CheckpointError(f"{source} holds NaN/inf values in {len(bad)} tensor(s): {', '.join(bad[:5])}"
-                              f"{' ...' if len(bad) > 5 else ''}; a model with them gives meaningless results. Use "
-                              f"an earlier checkpoint of the run (e.g. checkpoints/best.pt); if the run diverged, "
-                              f"resume that one with a lower optim.lr (trainer.resume_override=true) or "
-                              f"trainer.amp=off.")
+        raise CheckpointError(
+            f"{source} holds NaN/inf values in {len(bad)} tensor(s): {', '.join(bad[:5])}"
+            f"{' ...' if len(bad) > 5 else ''}; a model with them gives meaningless results. Use "
+            f"an earlier checkpoint of the run (e.g. checkpoints/best.pt); if the run diverged, "
+            f"resume that one with a lower optim.lr (trainer.resume_override=true) or "
+            f"trainer.amp=off."
+        )

@@ -10,6 +10,7 @@ official module names (addernet/models), so mapping is a rename; no official cod
 The official AdderNet code and checkpoints: Copyright (C) 2020 Huawei Technologies Co., Ltd., BSD 3-Clause
 (the notice is in LICENSE).
 """
+
 import hashlib
 import os
 from collections import OrderedDict
@@ -30,14 +31,17 @@ def is_official(obj):
 
     Our own checkpoints are dicts holding `model`, `config`, ... (non-tensor values), so they never match.
     """
-    return (isinstance(obj, Mapping) and len(obj) > 0
-            and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()))
+    return (
+        isinstance(obj, Mapping)
+        and len(obj) > 0
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+    )
 
 
 def official_to_ours(state_dict):
     """Rename official keys to ours: drop `module.`, `<adder>.adder` -> `.weight`, `<adder>.b` -> `.bias`."""
-    keys = [k[len("module."):] if k.startswith("module.") else k for k in state_dict]
-    adders = {k[:-len(".adder")] for k in keys if k.endswith(".adder")}
+    keys = [k[len("module.") :] if k.startswith("module.") else k for k in state_dict]
+    adders = {k[: -len(".adder")] for k in keys if k.endswith(".adder")}
     out = OrderedDict()
     for key, value in zip(keys, state_dict.values()):
         module, _, name = key.rpartition(".")
@@ -57,14 +61,23 @@ def load_official(model, state_dict, source="checkpoint", hint=""):
     """
     state = official_to_ours(state_dict)
     modules = dict(model.named_modules())
-    adders = sorted({k[len("module."):] if k.startswith("module.") else k for k in state_dict
-                     if k.endswith(".adder")})
-    wrong = [k[:-len(".adder")] for k in adders if k[:-len(".adder")] in modules
-             and not isinstance(modules[k[:-len(".adder")]], Adder2d)]
+    adders = sorted({k[len("module.") :] if k.startswith("module.") else k for k in state_dict if k.endswith(".adder")})
+    wrong = [
+        k[: -len(".adder")]
+        for k in adders
+        if k[: -len(".adder")] in modules and not isinstance(modules[k[: -len(".adder")]], Adder2d)
+    ]
     if wrong:
-        raise CheckpointError("\n".join([f"{source} holds adder weights, but the model builds these layers as "
-                                         f"{type(modules[wrong[0]]).__name__}, not Adder2d:"] + _listing(
-                                             "non-adder layers", wrong)[1:] + ([hint] if hint else [])))
+        raise CheckpointError(
+            "\n".join(
+                [
+                    f"{source} holds adder weights, but the model builds these layers as "
+                    f"{type(modules[wrong[0]]).__name__}, not Adder2d:"
+                ]
+                + _listing("non-adder layers", wrong)[1:]
+                + ([hint] if hint else [])
+            )
+        )
     return load_weights(model, state, source, hint)
 
 
@@ -80,17 +93,26 @@ def convert_official(src, dst, model, config, *, format_version, hint=""):
     ckpt = load_checkpoint(src, map_location="cpu")
     if not is_official(ckpt):
         mine = isinstance(ckpt, dict) and "config" in ckpt
-        raise CheckpointError(f"{src} is not a bare state_dict like the official AdderNet checkpoints"
-                              + (" (it already is a checkpoint of this repo)" if mine else "")
-                              + "; nothing to convert.")
+        raise CheckpointError(
+            f"{src} is not a bare state_dict like the official AdderNet checkpoints"
+            + (" (it already is a checkpoint of this repo)" if mine else "")
+            + "; nothing to convert."
+        )
     load_official(model, ckpt, source=src, hint=hint)
     digest = hashlib.sha256()
     with open(src, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-    out = {"format_version": format_version, "model": official_to_ours(ckpt), "config": config,
-           "source": {"file": os.path.basename(src), "sha256": digest.hexdigest(),
-                      "converted_by": "scripts/convert_official.py"}}
+    out = {
+        "format_version": format_version,
+        "model": official_to_ours(ckpt),
+        "config": config,
+        "source": {
+            "file": os.path.basename(src),
+            "sha256": digest.hexdigest(),
+            "converted_by": "scripts/convert_official.py",
+        },
+    }
     name = config["model"]["name"]
     if name in OFFICIAL_CLASSES and config["data"]["name"] == "cifar10":  # the labels the official weights learnt
         out["classes"] = OFFICIAL_CLASSES[name]

@@ -11,6 +11,7 @@ is named with its dataset (:class:`CorruptImage`), or skipped and counted with d
 Labels are the positions of the sorted class names, so datasets that have names (ImageFolder trees,
 CIFAR, MNIST) are compared by name (:func:`check_classes`): a renamed folder is an error, not a shift.
 """
+
 import logging
 import multiprocessing
 import os
@@ -95,8 +96,12 @@ class CheckedImageFolder(tvd.ImageFolder):
         samples = [(p, t) for p, t in found if best[os.path.realpath(p)] == p]
         twice = len(found) - len(samples)
         if twice:
-            log.warning("%s: %d image file(s) under %s are reached twice through symlinks; each is counted once",
-                        self.name, twice, directory)
+            log.warning(
+                "%s: %d image file(s) under %s are reached twice through symlinks; each is counted once",
+                self.name,
+                twice,
+                directory,
+            )
         if not samples and not allow_empty:
             raise FileNotFoundError(f"found no valid image file in the class folders of {directory}")
         return samples
@@ -109,18 +114,21 @@ class CheckedImageFolder(tvd.ImageFolder):
             # PIL: unidentified, truncated, broken chunks, more pixels than PIL's decompression-bomb limit
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             if not self.skip:
-                raise CorruptImage(f"{self.name}: cannot read image {path} ({reason}); replace or delete it, or "
-                                   f"set data.skip_corrupt=true to skip unreadable images (counted per epoch).") \
-                    from None
+                raise CorruptImage(
+                    f"{self.name}: cannot read image {path} ({reason}); replace or delete it, or "
+                    f"set data.skip_corrupt=true to skip unreadable images (counted per epoch)."
+                ) from None
             with self.skipped.get_lock():
                 self.skipped.value += 1
             log.warning("%s: skipped unreadable image %s (%s)", self.name, path, reason)
             return None
         if self.native and image.size != (self.native, self.native):
-            raise DataError(f"{self.name}: image {path} is {image.size[0]}x{image.size[1]}, but this dataset's "
-                            f"images are {self.native}x{self.native}; its crop would keep only part of the image. "
-                            f"Resize the folder's images to {self.native}x{self.native}, or read it as "
-                            f"data=imagenet (resize, then crop).")
+            raise DataError(
+                f"{self.name}: image {path} is {image.size[0]}x{image.size[1]}, but this dataset's "
+                f"images are {self.native}x{self.native}; its crop would keep only part of the image. "
+                f"Resize the folder's images to {self.native}x{self.native}, or read it as "
+                f"data=imagenet (resize, then crop)."
+            )
         return (self.transform(image) if self.transform is not None else image), target
 
 
@@ -154,16 +162,25 @@ def check_classes(expected, dataset, source, fix):
     ds = getattr(dataset, "dataset", dataset)
     where = getattr(ds, "root", type(ds).__name__)
     extra, missing = [c for c in found if c not in expected], [c for c in expected if c not in found]
-    detail = (f"{where} has {_names(extra)} where {source} has {_names(missing)}" if extra or missing
-              else "the same names in another order")
-    forms = [(a, b) for a in extra for b in missing if unicodedata.normalize("NFC", a) == unicodedata.normalize("NFC", b)]
+    detail = (
+        f"{where} has {_names(extra)} where {source} has {_names(missing)}"
+        if extra or missing
+        else "the same names in another order"
+    )
+    forms = [
+        (a, b) for a in extra for b in missing if unicodedata.normalize("NFC", a) == unicodedata.normalize("NFC", b)
+    ]
     if forms:  # they print alike: show the code points
         a, b = forms[0]
-        detail += (f" ({a!r} and {b!r} are the same name in different Unicode forms: {ascii(a)} vs {ascii(b)}, e.g. "
-                   f"NFD vs NFC, as some file systems and archivers write them; rename the folder to the training "
-                   f"set's form)")
-    raise DataError(f"the classes of {where} do not match {source}: {detail}. Labels are the positions of the "
-                    f"sorted class names, so this would silently score the wrong classes; {fix}.")
+        detail += (
+            f" ({a!r} and {b!r} are the same name in different Unicode forms: {ascii(a)} vs {ascii(b)}, e.g. "
+            f"NFD vs NFC, as some file systems and archivers write them; rename the folder to the training "
+            f"set's form)"
+        )
+    raise DataError(
+        f"the classes of {where} do not match {source}: {detail}. Labels are the positions of the "
+        f"sorted class names, so this would silently score the wrong classes; {fix}."
+    )
 
 
 def _expected_files(cls, root):
@@ -186,18 +203,21 @@ def torchvision_dataset(data_cfg, split, transform):
     name = str(data_cfg.get("dataset"))
     cls = getattr(tvd, name, None)
     if not (isinstance(cls, type) and issubclass(cls, (tvd.CIFAR10, tvd.MNIST))):
-        raise DataError(f"data.dataset={name!r} is not a torchvision dataset with a train/test split; use CIFAR10, "
-                        f"CIFAR100, MNIST or an MNIST-like class (FashionMNIST, KMNIST), or data.kind=folder.")
+        raise DataError(
+            f"data.dataset={name!r} is not a torchvision dataset with a train/test split; use CIFAR10, "
+            f"CIFAR100, MNIST or an MNIST-like class (FashionMNIST, KMNIST), or data.kind=folder."
+        )
     root = os.path.abspath(data_cfg.root)
     try:
         return cls(root, train=split == "train", download=bool(data_cfg.download), transform=transform)
     except (RuntimeError, OSError) as e:  # not found / corrupt / no network (URLError is an OSError)
         folder, names = _expected_files(cls, root)
-        how = ("the download failed" if data_cfg.download else "data.download=false")
+        how = "the download failed" if data_cfg.download else "data.download=false"
         raise DataError(
             f"{cls.__name__} is not in {folder} ({how}: {str(e).splitlines()[0]}). Expected files: "
             f"{', '.join(names)}. Put them there, point data.root=/path/to/folder/holding/them, or allow "
-            f"the download with data.download=true and network access.") from None
+            f"the download with data.download=true and network access."
+        ) from None
 
 
 @register_dataset_kind("folder")
@@ -207,18 +227,28 @@ def folder_dataset(data_cfg, split, transform):
     path = os.path.abspath(data_cfg.train_dir if split == "train" else data_cfg.val_dir)
     key = "data.train_dir" if split == "train" else "data.val_dir"
     if not os.path.isdir(path):
-        raise DataError(f"{data_cfg.name}: image folder {path} does not exist. Expected an ImageFolder tree "
-                        f"<{key}>/<class>/<image>; set data.root=... (the folder holding train/ and "
-                        f"{os.path.basename(str(data_cfg.val_dir))}/) or {key}=/path/to/imagefolder.")
+        raise DataError(
+            f"{data_cfg.name}: image folder {path} does not exist. Expected an ImageFolder tree "
+            f"<{key}>/<class>/<image>; set data.root=... (the folder holding train/ and "
+            f"{os.path.basename(str(data_cfg.val_dir))}/) or {key}=/path/to/imagefolder."
+        )
     try:
-        ds = CheckedImageFolder(path, transform, f"{data_cfg.name} {split} set", data_cfg.get("skip_corrupt", False),
-                                native=data_cfg.get("native_size"))
+        ds = CheckedImageFolder(
+            path,
+            transform,
+            f"{data_cfg.name} {split} set",
+            data_cfg.get("skip_corrupt", False),
+            native=data_cfg.get("native_size"),
+        )
     except (FileNotFoundError, OSError) as e:
-        raise DataError(f"{data_cfg.name}: {path} is not a usable ImageFolder tree ({e}); expected "
-                        f"<class>/<image> sub-folders.") from None
+        raise DataError(
+            f"{data_cfg.name}: {path} is not a usable ImageFolder tree ({e}); expected <class>/<image> sub-folders."
+        ) from None
     if len(ds.classes) != int(data_cfg.num_classes):
-        raise DataError(f"{data_cfg.name}: {path} has {len(ds.classes)} class folders but data.num_classes="
-                        f"{data_cfg.num_classes}; point {key} at the right folder or set data.num_classes.")
+        raise DataError(
+            f"{data_cfg.name}: {path} has {len(ds.classes)} class folders but data.num_classes="
+            f"{data_cfg.num_classes}; point {key} at the right folder or set data.num_classes."
+        )
     return ds
 
 
@@ -231,8 +261,10 @@ def build_dataset(data_cfg, split):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     kind = data_cfg.get("kind")
     if kind not in DATASET_KINDS:
-        raise DataError(f"data.kind={kind!r} (data={data_cfg.get('name')}) is not a dataset kind; use one of "
-                        f"{', '.join(DATASET_KINDS)} (configs/data/*.yaml show each).")
+        raise DataError(
+            f"data.kind={kind!r} (data={data_cfg.get('name')}) is not a dataset kind; use one of "
+            f"{', '.join(DATASET_KINDS)} (configs/data/*.yaml show each)."
+        )
     ds = DATASET_KINDS[kind](data_cfg, split, build_transform(data_cfg, split))
     if kind != "fake":  # FakeData is built with its size
         ds = take_subset(ds, data_cfg.get(f"{split}_size"), f"data.{split}_size")
@@ -247,7 +279,10 @@ def fake_dataset(data_cfg, split, transform):
     """torchvision FakeData of ``data.train_size`` / ``data.val_size`` random images (different for the two splits)."""
     size = int(data_cfg.train_size if split == "train" else data_cfg.val_size)
     # Different offsets so the validation images are not the training images.
-    return tvd.FakeData(size=size, image_size=(int(data_cfg.in_channels), int(data_cfg.image_size),
-                                               int(data_cfg.image_size)),
-                        num_classes=int(data_cfg.num_classes), transform=transform,
-                        random_offset=0 if split == "train" else 10**6)
+    return tvd.FakeData(
+        size=size,
+        image_size=(int(data_cfg.in_channels), int(data_cfg.image_size), int(data_cfg.image_size)),
+        num_classes=int(data_cfg.num_classes),
+        transform=transform,
+        random_offset=0 if split == "train" else 10**6,
+    )

@@ -18,6 +18,7 @@ Because they ignore SIGTERM, an iterator still alive at exit (one kept by the tr
 raised from a worker, say) would make multiprocessing's exit handler, which terminates daemonic
 children with SIGTERM and then joins them, wait forever: an atexit hook kills such workers first.
 """
+
 import atexit
 import gc
 import multiprocessing
@@ -35,11 +36,15 @@ from .device_loader import build_device_loader
 def _split_batch(data_cfg, world_size, split):
     batch = int(data_cfg.batch_size)
     if batch <= 0 or batch % world_size:
-        raise DataError(f"data.batch_size={batch} is the global batch and must be a positive multiple of the "
-                        f"number of processes ({world_size}); change data.batch_size or the process count.")
+        raise DataError(
+            f"data.batch_size={batch} is the global batch and must be a positive multiple of the "
+            f"number of processes ({world_size}); change data.batch_size or the process count."
+        )
     if split == "train" and batch // world_size < 2:
-        raise DataError(f"data.batch_size={batch} gives {batch // world_size} sample per process and training "
-                        f"batch, and BatchNorm needs at least 2; use data.batch_size={2 * world_size} or more.")
+        raise DataError(
+            f"data.batch_size={batch} gives {batch // world_size} sample per process and training "
+            f"batch, and BatchNorm needs at least 2; use data.batch_size={2 * world_size} or more."
+        )
     return batch // world_size
 
 
@@ -81,8 +86,10 @@ def collate_readable(batch):
     """default_collate of the samples that are not None (None: an unreadable image skipped by the dataset)."""
     kept = [sample for sample in batch if sample is not None]
     if not kept:
-        raise DataError(f"all {len(batch)} images of a batch are unreadable (data.skip_corrupt=true skipped them); "
-                        f"check the image files named in the warnings above.")
+        raise DataError(
+            f"all {len(batch)} images of a batch are unreadable (data.skip_corrupt=true skipped them); "
+            f"check the image files named in the warnings above."
+        )
     return default_collate(kept)
 
 
@@ -96,25 +103,31 @@ def build_loader(data_cfg, split, dataset=None, *, rank=0, world_size=1, seed=0,
         dataset = build_dataset(data_cfg, split)
     per_rank = _split_batch(data_cfg, world_size, split)
     if data_cfg.get("on_device", False):
-        return build_device_loader(data_cfg, split, dataset, per_rank=per_rank, rank=rank, world_size=world_size,
-                                   seed=seed, device=device)
+        return build_device_loader(
+            data_cfg, split, dataset, per_rank=per_rank, rank=rank, world_size=world_size, seed=seed, device=device
+        )
     workers = num_workers(data_cfg)
     if workers:  # registered after multiprocessing's own exit handler, so it runs before it
         atexit.unregister(kill_workers_left_at_exit)
         atexit.register(kill_workers_left_at_exit)
-    common = dict(num_workers=workers,
-                  pin_memory=bool(data_cfg.pin_memory) and torch.cuda.is_available(),  # no-op without a GPU
-                  generator=torch.Generator().manual_seed(int(seed)),
-                  worker_init_fn=ignore_stop_signals if workers else None,
-                  collate_fn=collate_readable if data_cfg.get("skip_corrupt") else None)
+    common = dict(
+        num_workers=workers,
+        pin_memory=bool(data_cfg.pin_memory) and torch.cuda.is_available(),  # no-op without a GPU
+        generator=torch.Generator().manual_seed(int(seed)),
+        worker_init_fn=ignore_stop_signals if workers else None,
+        collate_fn=collate_readable if data_cfg.get("skip_corrupt") else None,
+    )
     if split == "train":
         sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=int(seed))
         if len(sampler) < 2:
-            raise DataError(f"the training set has {len(dataset)} image(s), fewer than 2 per process "
-                            f"({world_size} process(es)); BatchNorm needs 2 per batch: use a larger training set.")
+            raise DataError(
+                f"the training set has {len(dataset)} image(s), fewer than 2 per process "
+                f"({world_size} process(es)); BatchNorm needs 2 per batch: use a larger training set."
+            )
         # A final batch of one sample would break BatchNorm in training mode: drop it.
-        return DataLoader(dataset, batch_size=per_rank, sampler=sampler,
-                          drop_last=len(sampler) % per_rank == 1, **common)
+        return DataLoader(
+            dataset, batch_size=per_rank, sampler=sampler, drop_last=len(sampler) % per_rank == 1, **common
+        )
     shard = Subset(dataset, range(rank, len(dataset), world_size))
     return DataLoader(shard, batch_size=per_rank, shuffle=False, **common)
 

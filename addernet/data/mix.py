@@ -5,6 +5,7 @@ vectors (N x classes) that cross-entropy takes as class probabilities. With both
 gets one of the two, chosen at random with equal probability (v2.RandomChoice). Training top-1 of a mixed
 batch is counted against the dominant label (the larger of the two weights; ``hard_labels``).
 """
+
 from torchvision.transforms import v2
 
 from ..checks import number
@@ -15,8 +16,9 @@ def build_mix(data_cfg):
     mixup = number(data_cfg, "mixup_alpha", "data.mixup_alpha (0: off)") if "mixup_alpha" in data_cfg else 0
     cutmix = number(data_cfg, "cutmix_alpha", "data.cutmix_alpha (0: off)") if "cutmix_alpha" in data_cfg else 0
     classes = int(data_cfg.num_classes)
-    mixes = ([v2.MixUp(alpha=float(mixup), num_classes=classes)] if mixup else []) + \
-            ([v2.CutMix(alpha=float(cutmix), num_classes=classes)] if cutmix else [])
+    mixes = ([v2.MixUp(alpha=float(mixup), num_classes=classes)] if mixup else []) + (
+        [v2.CutMix(alpha=float(cutmix), num_classes=classes)] if cutmix else []
+    )
     if not mixes:
         return None
     return mixes[0] if len(mixes) == 1 else v2.RandomChoice(mixes)

@@ -5,6 +5,7 @@ loaders, the on-device path and the class-name checks see an ordinary, smaller d
 function of the size alone (indices drawn with a fixed seed, then sorted): the same images for every
 trainer.seed, so runs that differ only in the seed compare on the same data. FakeData takes its size directly.
 """
+
 import torch
 
 from ..errors import DataError
@@ -24,8 +25,9 @@ def take_subset(ds, size, key):
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise DataError(f"{key} must be a positive number of images or null (all), got {size!r}.")
     if size > len(ds):
-        raise DataError(f"{key}={size} is more than the {len(ds)} images of the set; use at most {len(ds)} "
-                        f"or null (all).")
+        raise DataError(
+            f"{key}={size} is more than the {len(ds)} images of the set; use at most {len(ds)} or null (all)."
+        )
     idx = subset_indices(len(ds), size)
     if hasattr(ds, "samples"):  # ImageFolder (CIFAR folders, ImageNet)
         ds.samples = [ds.samples[i] for i in idx]

@@ -12,6 +12,7 @@ data.auto_augment: randaugment (RandAugment), trivialaugment (TrivialAugmentWide
 the CIFAR-10 policy, or the ImageNet policy with data.transform=imagenet), after the crop and flip;
 data.random_erasing=p: RandomErasing(p) on the normalised tensor (erased pixels become 0, the mean).
 """
+
 from torchvision import transforms as T
 
 from ..errors import DataError
@@ -42,8 +43,11 @@ def build_transform(data_cfg, split):
         # CenterCrop is a no-op at native 32x32; it lets smaller models (e.g. LeNet at 28) read CIFAR.
         steps = [T.RandomCrop(size, padding=4), T.RandomHorizontalFlip()] if train else [T.CenterCrop(size)]
     elif kind == "imagenet":
-        steps = ([T.RandomResizedCrop(size), T.RandomHorizontalFlip()] if train
-                 else [T.Resize(round(size / 0.875)), T.CenterCrop(size)])
+        steps = (
+            [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
+            if train
+            else [T.Resize(round(size / 0.875)), T.CenterCrop(size)]
+        )
     elif kind == "plain":
         steps = []
     else:
@@ -52,6 +56,9 @@ def build_transform(data_cfg, split):
     erasing = float(data_cfg.get("random_erasing") or 0.0) if train else 0.0
     if not 0 <= erasing <= 1:
         raise DataError(f"data.random_erasing is the probability of erasing a rectangle, in [0, 1]; got {erasing}.")
-    return T.Compose(steps + ([extra] if extra else []) + [T.ToTensor(), T.Normalize(tuple(data_cfg.mean),
-                                                                                      tuple(data_cfg.std))]
-                     + ([T.RandomErasing(p=erasing)] if erasing else []))
+    return T.Compose(
+        steps
+        + ([extra] if extra else [])
+        + [T.ToTensor(), T.Normalize(tuple(data_cfg.mean), tuple(data_cfg.std))]
+        + ([T.RandomErasing(p=erasing)] if erasing else [])
+    )

@@ -9,6 +9,7 @@ outputs.py   train.log, metrics.jsonl, TensorBoard events and hparams (rank 0)
 meters.py    exact running sums of loss, accuracy and named loss parts
 eval_run.py  ``test.py``'s logic: stored-config merge, checkpoint loading, the report
 """
+
 from ..errors import ConfigError, NonFiniteLoss, Preempted
 from ..models import model_from_config
 from .config import check_config, check_eval_config, device_type
@@ -16,5 +17,16 @@ from .evaluate import evaluate
 from .fit import train
 from .meters import MetricSums, topk_correct
 
-__all__ = ["ConfigError", "MetricSums", "NonFiniteLoss", "Preempted", "check_config", "check_eval_config",
-           "device_type", "evaluate", "model_from_config", "topk_correct", "train"]
+__all__ = [
+    "ConfigError",
+    "MetricSums",
+    "NonFiniteLoss",
+    "Preempted",
+    "check_config",
+    "check_eval_config",
+    "device_type",
+    "evaluate",
+    "model_from_config",
+    "topk_correct",
+    "train",
+]

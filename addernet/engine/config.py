@@ -3,6 +3,7 @@
 ``check_config`` (train.py) and ``check_eval_config`` (test.py) run before anything is built, so a
 bad value stops with one message naming the key and the fix instead of failing deep inside.
 """
+
 import difflib
 import functools
 import glob
@@ -16,12 +17,12 @@ from ..checks import choice, number
 from ..data.mix import build_mix
 from ..data.transforms import AUTO_AUGMENT
 from ..errors import ConfigError
+from ..forward import AMP_DTYPES
 from ..models import model_from_config
 from ..ops import BACKENDS
 from ..optim import check_optim, check_sched
 from ..tasks import task_class
 from .ema import check_ema_decay
-from ..forward import AMP_DTYPES
 from .trackers import selected
 
 TRAIN_GROUPS = ("model", "data", "optim", "sched", "trainer", "adaptive_lr", "task")
@@ -46,21 +47,26 @@ def check_eval_config(cfg):
     for key in ("mean", "std"):  # Normalize would fail deep inside the data loader instead
         values = cfg.data.get(key)
         if values is not None and len(values) != int(cfg.data.in_channels):
-            raise ConfigError(f"data.{key} has {len(values)} value(s) but data.in_channels={cfg.data.in_channels}; "
-                              f"give one per channel, e.g. data.{key}=[{','.join(['0.5'] * int(cfg.data.in_channels))}].")
+            raise ConfigError(
+                f"data.{key} has {len(values)} value(s) but data.in_channels={cfg.data.in_channels}; "
+                f"give one per channel, e.g. data.{key}=[{','.join(['0.5'] * int(cfg.data.in_channels))}]."
+            )
         ok = (lambda v: v > 0) if key == "std" else (lambda v: True)
-        if values is not None and not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                          and math.isfinite(v) and ok(v) for v in values):
-            raise ConfigError(f"data.{key}={list(values)} must hold finite numbers{' > 0 (images are divided by it)' if key == 'std' else ''}"
-                              f"; e.g. data.{key}=[{','.join(['0.5'] * len(values))}].")
+        if values is not None and not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v) for v in values
+        ):
+            raise ConfigError(
+                f"data.{key}={list(values)} must hold finite numbers"
+                f"{' > 0 (images are divided by it)' if key == 'std' else ''}"
+                f"; e.g. data.{key}=[{','.join(['0.5'] * len(values))}]."
+            )
     choice(cfg.trainer, "amp", "trainer.amp", tuple(AMP_DTYPES))
     choice(cfg.model, "layer", "model.layer", ("adder", "conv"))
     device = str(cfg.trainer.device)
     if device not in ("auto", "cpu") and not device.startswith("cuda"):
         raise ConfigError(f"trainer.device={device!r} is not valid; use auto, cpu, cuda or cuda:N.")
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"trainer.device={device} but CUDA is not available here; use trainer.device=cpu "
-                          f"(or auto).")
+        raise ConfigError(f"trainer.device={device} but CUDA is not available here; use trainer.device=cpu (or auto).")
     check_input_size(cfg)
 
 
@@ -73,14 +79,16 @@ def check_config(cfg):
     unknown = sorted(set(cfg.keys()) - set(TRAIN_GROUPS) - set(groups) - set(keys))
     if unknown:  # e.g. +epochs=3, which would land at the top of config.yaml as if it had been used
         close = [f"{g}.{unknown[0]}" for g in TRAIN_GROUPS if unknown[0] in group_keys(g)]
-        raise ConfigError(f"unknown key {unknown[0]}{f' (did you mean {close[0]}?)' if close else ''}: train.py has "
-                          f"no top-level setting of that name, so it would be silently ignored. Settings live in "
-                          f"the groups {', '.join(TRAIN_GROUPS)} (e.g. trainer.epochs=3).")
+        raise ConfigError(
+            f"unknown key {unknown[0]}{f' (did you mean {close[0]}?)' if close else ''}: train.py has "
+            f"no top-level setting of that name, so it would be silently ignored. Settings live in "
+            f"the groups {', '.join(TRAIN_GROUPS)} (e.g. trainer.epochs=3)."
+        )
     number(cfg.trainer, "epochs", "trainer.epochs", minimum=1, integer=True)
     for key in ("seed", "log_every", "hist_every"):
         number(cfg.trainer, key, f"trainer.{key}", minimum=0 if key == "seed" else 1, integer=True)
     number(cfg.trainer, "dist_timeout", "trainer.dist_timeout", positive=True)
-    if cfg.trainer.seed >= 2 ** 32:  # torch's and the sampler's seeds (seed + rank, seed + epoch) must fit 64 bits
+    if cfg.trainer.seed >= 2**32:  # torch's and the sampler's seeds (seed + rank, seed + epoch) must fit 64 bits
         raise ConfigError(f"trainer.seed={cfg.trainer.seed} is too large; use an integer in [0, 2**32 - 1].")
     check_eval_config(cfg)
     # BatchNorm in training mode needs 2 samples per process and batch (the loader checks the per-process share)
@@ -90,8 +98,9 @@ def check_config(cfg):
     if cfg.adaptive_lr.enabled:
         number(cfg.adaptive_lr, "eta", "adaptive_lr.eta", positive=True)
     if "label_smoothing" in cfg.task and number(cfg.task, "label_smoothing", "task.label_smoothing") >= 1:
-        raise ConfigError(f"task.label_smoothing must be in [0, 1) (0: off; 0.1 is the usual value), got "
-                          f"{cfg.task.label_smoothing}.")
+        raise ConfigError(
+            f"task.label_smoothing must be in [0, 1) (0: off; 0.1 is the usual value), got {cfg.task.label_smoothing}."
+        )
     if cfg.trainer.get("clip_grad_norm") is not None:
         number(cfg.trainer, "clip_grad_norm", "trainer.clip_grad_norm (or null: off)", positive=True)
     check_ema_decay(cfg.trainer)
@@ -103,14 +112,18 @@ def check_config(cfg):
     build_mix(cfg.data)  # the alphas are checked
     augment = [f"data.{k}={cfg.data.get(k)}" for k in ("auto_augment", "random_erasing") if cfg.data.get(k)]
     if cfg.data.get("on_device") and augment:
-        raise ConfigError(f"data.on_device=true implements the crop and flip of data.transform only, not "
-                          f"{' '.join(augment)}; use data.on_device=false (the DataLoader path) for that augmentation.")
+        raise ConfigError(
+            f"data.on_device=true implements the crop and flip of data.transform only, not "
+            f"{' '.join(augment)}; use data.on_device=false (the DataLoader path) for that augmentation."
+        )
     number(cfg.trainer, "precise_bn", "trainer.precise_bn (training batches; 0: off)", integer=True)
     accumulate = number(cfg.trainer, "accumulate", "trainer.accumulate", minimum=1, integer=True)
     if int(cfg.data.batch_size) < 2 * accumulate:
-        raise ConfigError(f"trainer.accumulate={accumulate} splits data.batch_size={cfg.data.batch_size} into "
-                          f"micro-batches of fewer than 2 samples (BatchNorm needs 2); use data.batch_size >= "
-                          f"{2 * accumulate} or a smaller trainer.accumulate.")
+        raise ConfigError(
+            f"trainer.accumulate={accumulate} splits data.batch_size={cfg.data.batch_size} into "
+            f"micro-batches of fewer than 2 samples (BatchNorm needs 2); use data.batch_size >= "
+            f"{2 * accumulate} or a smaller trainer.accumulate."
+        )
     if not isinstance(cfg.trainer.get("compile", False), bool):
         raise ConfigError(f"trainer.compile must be true or false, got {cfg.trainer.compile!r}.")
     choice(cfg.trainer, "backend", "trainer.backend (or the ADDERNET_BACKEND variable)", tuple(BACKENDS))
@@ -169,8 +182,10 @@ def check_known_keys(group, keys, configs=CONFIGS, extra=()):
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(valid), n=1)
         hint = f" (did you mean {group}.{close[0]}?)" if close else ""
-        raise ConfigError(f"unknown key {group}.{unknown[0]}{hint}: no configs/{group}/*.yaml defines it, so it would "
-                          f"be silently ignored. Valid {group} keys: {', '.join(sorted(valid))}.")
+        raise ConfigError(
+            f"unknown key {group}.{unknown[0]}{hint}: no configs/{group}/*.yaml defines it, so it would "
+            f"be silently ignored. Valid {group} keys: {', '.join(sorted(valid))}."
+        )
 
 
 def check_stored_model(cfg, stored, source, keys, fix):
@@ -180,11 +195,16 @@ def check_stored_model(cfg, stored, source, keys, fix):
     so loading succeeds and every prediction is nonsense: the stored config is the only safeguard.
     """
     model = (stored or {}).get("model") or {}
-    diff = [f"model.{k}={cfg.model.get(k)} (trained as model.{k}={model[k]})" for k in keys
-            if k in model and model[k] != cfg.model.get(k)]
+    diff = [
+        f"model.{k}={cfg.model.get(k)} (trained as model.{k}={model[k]})"
+        for k in keys
+        if k in model and model[k] != cfg.model.get(k)
+    ]
     if diff:
-        raise ConfigError(f"{source} was trained as a different model: {'; '.join(diff)}. Its weights would load "
-                          f"into this model but compute nonsense; {fix}.")
+        raise ConfigError(
+            f"{source} was trained as a different model: {'; '.join(diff)}. Its weights would load "
+            f"into this model but compute nonsense; {fix}."
+        )
 
 
 def check_input_size(cfg):
@@ -195,6 +215,8 @@ def check_input_size(cfg):
         try:
             model(torch.empty(2, channels, size, size))
         except RuntimeError as e:
-            raise ConfigError(f"model={cfg.model.name} cannot take {channels}x{size}x{size} inputs "
-                              f"(data.image_size={size}): {str(e).splitlines()[0].rstrip('.')}. Use the model's input size "
-                              f"(e.g. data.image_size=28 for lenet5_bn) or a model made for this data.") from None
+            raise ConfigError(
+                f"model={cfg.model.name} cannot take {channels}x{size}x{size} inputs "
+                f"(data.image_size={size}): {str(e).splitlines()[0].rstrip('.')}. Use the model's input size "
+                f"(e.g. data.image_size=28 for lenet5_bn) or a model made for this data."
+            ) from None

@@ -5,6 +5,7 @@ step, e = decay * e + (1 - decay) * w for every parameter and buffer (the first 
 is validated every epoch (``ema_val_*``), saved in last.pt / best.pt as ``ema`` (AveragedModel's state_dict,
 the step count ``n_averaged`` included), restored on resume, and evaluated by ``test.py ema=true``.
 """
+
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from ..checks import number
@@ -46,6 +47,8 @@ def ema_weights(ckpt, path):
     """The averaged model's state_dict stored in a training checkpoint (CheckpointError when it has none)."""
     state = ckpt.get("ema") if isinstance(ckpt, dict) else None
     if not state:
-        raise CheckpointError(f"{path} holds no weight average (it was trained with trainer.ema_decay=null); "
-                              f"evaluate its own weights with ema=false.")
-    return {k[len("module."):]: v for k, v in state.items() if k.startswith("module.")}
+        raise CheckpointError(
+            f"{path} holds no weight average (it was trained with trainer.ema_decay=null); "
+            f"evaluate its own weights with ema=false."
+        )
+    return {k[len("module.") :]: v for k, v in state.items() if k.startswith("module.")}

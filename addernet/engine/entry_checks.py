@@ -11,6 +11,7 @@ and output paths never overwrite a run's own files.
 ``check_output_path(path, key, inputs, overwrite)``: an output file never replaces an input or a file
 of another kind.
 """
+
 import difflib
 import functools
 import os
@@ -40,20 +41,38 @@ def check_top_level(cfg, entry, configs=CONFIGS):
     groups, keys = entry_layout(entry, configs)
     unknown = sorted(set(cfg.keys()) - groups - keys)
     if unknown:
-        raise ConfigError(f"unknown key {unknown[0]}{_suggest(unknown[0], entry, configs)}: {entry}.py has no such "
-                          f"setting, so it would be silently ignored. {_valid(groups, keys)}")
+        raise ConfigError(
+            f"unknown key {unknown[0]}{_suggest(unknown[0], entry, configs)}: {entry}.py has no such "
+            f"setting, so it would be silently ignored. {_valid(groups, keys)}"
+        )
 
 
 def _options(group, configs=CONFIGS):
     """The options of configs/<group>/ (a file named ``_*.yaml`` is a block the options include, not an option)."""
     folder = os.path.join(configs, group)
-    return sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml") and not f.startswith("_")) \
-        if os.path.isdir(folder) else []
+    return (
+        sorted(f[:-5] for f in os.listdir(folder) if f.endswith(".yaml") and not f.startswith("_"))
+        if os.path.isdir(folder)
+        else []
+    )
 
 
 # Hydra's own command-line flags that take a value (the value is no override), and those that print and exit
-VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
-               "-cd", "--experimental-rerun", "--shell-completion", "-sc")
+VALUE_FLAGS = (
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+    "--experimental-rerun",
+    "--shell-completion",
+    "-sc",
+)
 INFO_VALUES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 NO_RUN_FLAGS = ("--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "--shell-completion", "-sc", "--version")
 
@@ -75,14 +94,15 @@ def search_dirs(parsed):
     """The folders of a ``hydra.searchpath=[file://...]`` override: config groups kept outside configs/."""
     paths = [o.value() for o in parsed if o.key_or_group == "hydra.searchpath"]
     entries = paths[-1] if paths and isinstance(paths[-1], list) else []
-    return [str(e)[len("file://"):] for e in entries if str(e).startswith("file://")]
+    return [str(e)[len("file://") :] for e in entries if str(e).startswith("file://")]
 
 
 def check_argv(argv, entry, configs=CONFIGS):
     """ConfigError for a command-line override Hydra would reject or that names nothing (checked before composing).
 
-    A group choice must name a file of configs/<group>/ (or of <dir>/<group>/ for a hydra.searchpath dir); ``group.key=value`` without ``+`` must be a key of
-    the group; a top-level ``key=value`` must be a key of the entry's config. Hydra's own keys pass.
+    A group choice must name a file of configs/<group>/ (or of <dir>/<group>/ for a hydra.searchpath dir);
+    ``group.key=value`` without ``+`` must be a key of the group; a top-level ``key=value`` must be a key of the
+    entry's config. Hydra's own keys pass.
     """
     try:
         parsed = OverridesParser.create().parse_overrides(overrides_of(argv))
@@ -100,8 +120,9 @@ def check_argv(argv, entry, configs=CONFIGS):
             value = o.value()
             choices = sorted({c for d in (configs, *extra) for c in _options(head, d)})
             if isinstance(value, str) and value not in ("null",) and value not in choices:
-                raise ConfigError(f"{head}={value} is not an option of {head}: choose one of {', '.join(choices)} "
-                                  f"(configs/{head}/).")
+                raise ConfigError(
+                    f"{head}={value} is not an option of {head}: choose one of {', '.join(choices)} (configs/{head}/)."
+                )
             continue
         if rest and head in groups:
             if head == "task":
@@ -110,14 +131,18 @@ def check_argv(argv, entry, configs=CONFIGS):
             option = chosen.get(head, None if "experiment" in chosen else default_choice(entry, head, configs))
             valid = option_keys(head, option, configs) if isinstance(option, str) else None
             if valid is not None and not (o.is_add() or o.is_force_add()) and rest.split(".")[0] not in valid:
-                raise ConfigError(f"{name} is not a setting of {head}={option}; its settings: "
-                                  f"{', '.join(sorted(valid))}. Choose the {head} it belongs to as well (e.g. "
-                                  f"data=cifar10_folder data.val_dir=...).")
+                raise ConfigError(
+                    f"{name} is not a setting of {head}={option}; its settings: "
+                    f"{', '.join(sorted(valid))}. Choose the {head} it belongs to as well (e.g. "
+                    f"data=cifar10_folder data.val_dir=...)."
+                )
             continue
         if not rest and name in keys:
             continue
-        raise ConfigError(f"unknown key {name}{_suggest(name, entry, configs)}: {entry}.py has no such setting. "
-                          f"{_valid(groups, keys)}")
+        raise ConfigError(
+            f"unknown key {name}{_suggest(name, entry, configs)}: {entry}.py has no such setting. "
+            f"{_valid(groups, keys)}"
+        )
 
 
 def groups_listing(entry, configs=CONFIGS):
@@ -135,8 +160,10 @@ def check_run_dir(argv):
     try:
         os.makedirs(target, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"cannot create the run dir {target} ({e.strerror or e}); choose a writable path with "
-                          f"hydra.run.dir=/path/to/run.") from None
+        raise ConfigError(
+            f"cannot create the run dir {target} ({e.strerror or e}); choose a writable path with "
+            f"hydra.run.dir=/path/to/run."
+        ) from None
 
 
 def precheck(argv, entry, run_dir=True):
@@ -187,9 +214,11 @@ def check_option_keys(cfg, overrides, groups=("data", "model"), configs=CONFIGS)
         name = str(cfg[group].get("name"))
         valid = option_keys(group, name, configs)
         if valid is not None and key.split(".")[0] not in valid:
-            raise ConfigError(f"{group}.{key} is not a setting of {group}={name} (the evaluated {group}), so it "
-                              f"would be ignored; its settings: {', '.join(sorted(valid))}. Choose the {group} it "
-                              f"belongs to as well (e.g. data=cifar10_folder data.val_dir=...).")
+            raise ConfigError(
+                f"{group}.{key} is not a setting of {group}={name} (the evaluated {group}), so it "
+                f"would be ignored; its settings: {', '.join(sorted(valid))}. Choose the {group} it "
+                f"belongs to as well (e.g. data=cifar10_folder data.val_dir=...)."
+            )
 
 
 def _looks_like_results(path):
@@ -208,15 +237,20 @@ def check_output_path(path, key, inputs=(), overwrite=False, results=False):
     target = os.path.realpath(str(path))
     for given in inputs:
         if given and os.path.exists(str(given)) and os.path.realpath(str(given)) == target:
-            raise ConfigError(f"{key}={path} is the input checkpoint itself; writing it would destroy it. Give "
-                              f"another path.")
+            raise ConfigError(
+                f"{key}={path} is the input checkpoint itself; writing it would destroy it. Give another path."
+            )
     if not os.path.isfile(target) or os.path.getsize(target) == 0:
         return
     if results and _looks_like_results(target):
         return
     if results:
-        raise ConfigError(f"{key}={path} exists and is not a results file (one JSON line); writing it would "
-                          f"replace it. Give another path, or delete the file first.")
+        raise ConfigError(
+            f"{key}={path} exists and is not a results file (one JSON line); writing it would "
+            f"replace it. Give another path, or delete the file first."
+        )
     if not overwrite:
-        raise ConfigError(f"{key}={path} exists; it is not replaced unless you pass overwrite=true (it may be a "
-                          f"training checkpoint). Give another path, or add overwrite=true.")
+        raise ConfigError(
+            f"{key}={path} exists; it is not replaced unless you pass overwrite=true (it may be a "
+            f"training checkpoint). Give another path, or add overwrite=true."
+        )

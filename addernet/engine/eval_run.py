@@ -5,6 +5,7 @@ the command line overrides changes (a ``data=``/``model=`` choice replaces that 
 changes one key). Official AdderNet checkpoints (bare state_dicts) store none, so the model and
 data come from the command line and configs/test.yaml.
 """
+
 import os
 import sys
 
@@ -19,9 +20,9 @@ from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, open_checkpoin
 from ..checkpoint.official import is_official, load_official
 from ..data import build_loader, check_classes, take_skipped
 from ..errors import CheckpointError, ConfigError
+from ..models import model_from_config
 from ..ops import Adder2d
 from ..quant import inference_model, is_quantized_state, prepare_quantized, quantize_for_eval
-from ..models import model_from_config
 from .config import check_eval_config, check_known_keys, check_stored_model, device_type
 from .ema import ema_weights
 from .entry_checks import check_option_keys, check_output_path, check_top_level
@@ -61,7 +62,7 @@ def reroot(node, stored, overridden):
     for key in ("train_dir", "val_dir"):
         value = node.get(key)
         if f"data.{key}" not in overridden and isinstance(value, str) and (value == old or value.startswith(old + "/")):
-            node[key] = new + value[len(old):]
+            node[key] = new + value[len(old) :]
 
 
 def _apply_overrides(node, group, parsed, cfg):
@@ -70,7 +71,7 @@ def _apply_overrides(node, group, parsed, cfg):
         if not o.key_or_group.startswith(group + "."):
             continue
         sub = OmegaConf.create(node)
-        key = o.key_or_group[len(group) + 1:]
+        key = o.key_or_group[len(group) + 1 :]
         if o.is_delete():
             parent, _, leaf = key.rpartition(".")
             target = OmegaConf.select(sub, parent) if parent else sub
@@ -114,15 +115,18 @@ def _load_model(cfg, path, state, stored, kind):
     else:
         m = stored.get("model", {})
         origin = f" (the checkpoint was trained as model={m.get('name')} model.layer={m.get('layer')})"
-    hint = (f"The model was built from model={cfg.model.name} model.layer={cfg.model.layer} data.num_classes="
-            f"{cfg.data.num_classes}{origin}; pick the checkpoint's architecture with model=<name> "
-            f"(configs/model/), model.layer=adder|conv and the matching data=<dataset>.")
+    hint = (
+        f"The model was built from model={cfg.model.name} model.layer={cfg.model.layer} data.num_classes="
+        f"{cfg.data.num_classes}{origin}; pick the checkpoint's architecture with model=<name> "
+        f"(configs/model/), model.layer=adder|conv and the matching data=<dataset>."
+    )
     if is_quantized_state(state):  # a checkpoint of scripts/quantize.py: its quantised layers, loaded as they are
         prepare_quantized(model, state, source=path)
     (load_official if kind == OFFICIAL else load_weights)(model, state, source=path, hint=hint)
     # adder and conv twins have the same tensor names and shapes: loading alone cannot tell them apart
-    check_stored_model(cfg, stored, path, ("name", "layer"),
-                       "evaluate it with the model it was trained as (drop the model override)")
+    check_stored_model(
+        cfg, stored, path, ("name", "layer"), "evaluate it with the model it was trained as (drop the model override)"
+    )
     if stored is None:
         check_bare_layer(cfg, model, path)
     return model
@@ -134,14 +138,18 @@ def _body_norms(cfg):
     order = []
     with torch.device("meta"):
         net = model_from_config(twin).eval()
-        hooks = [m.register_forward_hook(lambda mod, i, o, n=n: order.append((n, mod)))
-                 for n, m in net.named_modules() if isinstance(m, (Adder2d, nn.Conv2d, nn.BatchNorm2d))]
+        hooks = [
+            m.register_forward_hook(lambda mod, i, o, n=n: order.append((n, mod)))
+            for n, m in net.named_modules()
+            if isinstance(m, (Adder2d, nn.Conv2d, nn.BatchNorm2d))
+        ]
         size = int(cfg.data.image_size)
         net(torch.empty(2, int(cfg.data.in_channels), size, size))
     for h in hooks:
         h.remove()
-    return {a: b for (a, ma), (b, mb) in zip(order, order[1:])
-            if isinstance(ma, Adder2d) and isinstance(mb, nn.BatchNorm2d)}
+    return {
+        a: b for (a, ma), (b, mb) in zip(order, order[1:]) if isinstance(ma, Adder2d) and isinstance(mb, nn.BatchNorm2d)
+    }
 
 
 def check_bare_layer(cfg, model, path):
@@ -159,10 +167,16 @@ def check_bare_layer(cfg, model, path):
     adder_like = all(float(m.max()) < 0 for m in means)
     if adder_like != (cfg.model.layer == "adder"):
         trained = "adder" if adder_like else "conv"
-        raise ConfigError(f"{path} holds weights trained as model.layer={trained} (the BatchNorm running means "
-                          f"after the {len(means)} body layers are {'all negative, as only adder outputs are' if adder_like else 'not all negative, which adder outputs always are'}), but the model is built with "
-                          f"model.layer={cfg.model.layer}; it would load and compute nonsense. Evaluate it with "
-                          f"model.layer={trained}.")
+        sign = (
+            "all negative, as only adder outputs are"
+            if adder_like
+            else "not all negative, which adder outputs always are"
+        )
+        raise ConfigError(
+            f"{path} holds weights trained as model.layer={trained} (the BatchNorm running means after the "
+            f"{len(means)} body layers are {sign}), but the model is built with model.layer={cfg.model.layer}; it "
+            f"would load and compute nonsense. Evaluate it with model.layer={trained}."
+        )
 
 
 def check_results_file(results_file, checkpoint=None):
@@ -178,8 +192,10 @@ def check_results_file(results_file, checkpoint=None):
         with open(path, "a"):
             pass
     except OSError as e:
-        raise ConfigError(f"results_file={results_file} cannot be written ({e.strerror or e}); give a writable "
-                          f"file path, or drop results_file= to print the result only.") from None
+        raise ConfigError(
+            f"results_file={results_file} cannot be written ({e.strerror or e}); give a writable "
+            f"file path, or drop results_file= to print the result only."
+        ) from None
     if not existed:
         os.remove(path)
 
@@ -201,8 +217,10 @@ def stored_model(cfg, overrides, entry="test"):
     is never built as its CNN twin; NaN/inf weights are refused).
     """
     if OmegaConf.is_missing(cfg, "checkpoint"):
-        raise ConfigError(f"no checkpoint given: python {entry}.py checkpoint=PATH (a run's checkpoints/best.pt or "
-                          f"an official ResNet20-AdderNet.pth / ResNet50-AdderNet.pth)")
+        raise ConfigError(
+            f"no checkpoint given: python {entry}.py checkpoint=PATH (a run's checkpoints/best.pt or "
+            f"an official ResNet20-AdderNet.pth / ResNet50-AdderNet.pth)"
+        )
     check_top_level(cfg, entry)
     _check_overrides(overrides)
     path = str(cfg.checkpoint)
@@ -240,23 +258,33 @@ def evaluate_checkpoint(cfg, overrides):
     if device.type != "cuda" and data_cfg.get("pin_memory"):  # pinning needs an accelerator (DataLoader warns)
         data_cfg = OmegaConf.merge(data_cfg, {"pin_memory": False})
     loader = build_loader(data_cfg, "val", rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)
-    check_classes(classes, loader.dataset, f"the classes {path} was trained on",
-                  "evaluate on a folder with the training set's class names (label order = sorted names)")
+    check_classes(
+        classes,
+        loader.dataset,
+        f"the classes {path} was trained on",
+        "evaluate on a folder with the training set's class names (label order = sorted names)",
+    )
     if dist.is_main():
         where = cfg.data.get("val_dir") or cfg.data.get("root")
-        print(f"checkpoint {path} [{kind}]\nmodel {cfg.model.name} ({cfg.model.layer}) | data {cfg.data.name} "
-              f"val split ({len(loader.dataset.dataset)} images{f', {where}' if where else ''}) | device {device} x "
-              f"{dist.get_world_size()} | amp {cfg.trainer.amp}", flush=True)
-    bar = tqdm(loader, desc="test", unit="batch", disable=not (dist.is_main() and cfg.trainer.progress),
-               file=sys.stderr)
+        print(
+            f"checkpoint {path} [{kind}]\nmodel {cfg.model.name} ({cfg.model.layer}) | data {cfg.data.name} "
+            f"val split ({len(loader.dataset.dataset)} images{f', {where}' if where else ''}) | device {device} x "
+            f"{dist.get_world_size()} | amp {cfg.trainer.amp}",
+            flush=True,
+        )
+    bar = tqdm(
+        loader, desc="test", unit="batch", disable=not (dist.is_main() and cfg.trainer.progress), file=sys.stderr
+    )
     model, quant = quantize_for_eval(model, cfg, device)  # no-op unless quant.bits or a quantised checkpoint
     if quant:  # the integer network on CPU where it applies (docs/quantization.md), else the quantised layers
         model, quant["runtime"] = inference_model(model, (cfg.get("quant") or {}).get("runtime", "auto"), device)
     result = evaluate(model, bar, device, amp=cfg.trainer.amp, channels_last=bool(cfg.trainer.channels_last))
     skipped = take_skipped(loader)
     if skipped:
-        print(f"test.py: warning: skipped {skipped} unreadable image(s) (data.skip_corrupt=true); n counts the rest",
-              file=sys.stderr)
+        print(
+            f"test.py: warning: skipped {skipped} unreadable image(s) (data.skip_corrupt=true); n counts the rest",
+            file=sys.stderr,
+        )
     return {**{k: result[k] for k in RESULT_KEYS}, **({"quant": quant} if quant else {})}
 
 
@@ -265,8 +293,10 @@ def report(result, results_file):
 
     A non-finite loss (a diverged model) is written as null: the line stays strict JSON.
     """
-    print(f"top-1 {result['top1']:.2f}% | top-5 {result['top5']:.2f}% | loss {result['loss']:.4f} | "
-          f"n {result['n']} | {result['images_per_s']:.1f} images/s")
+    print(
+        f"top-1 {result['top1']:.2f}% | top-5 {result['top5']:.2f}% | loss {result['loss']:.4f} | "
+        f"n {result['n']} | {result['images_per_s']:.1f} images/s"
+    )
     line = json_line(result)
     if results_file:
         os.makedirs(os.path.dirname(os.path.abspath(results_file)), exist_ok=True)

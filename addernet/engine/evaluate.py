@@ -1,4 +1,5 @@
 """Evaluation over a (sharded) loader, with the same forward as training (addernet.forward)."""
+
 import time
 
 import torch

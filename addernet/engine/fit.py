@@ -5,6 +5,7 @@ rewrites them), then best.pt, then last.pt (the commit point). ``last.pt`` is wr
 so a run killed at any moment resumes by replaying the interrupted epoch; with
 trainer.deterministic=true on CPU it ends with exactly the metrics of an uninterrupted run.
 """
+
 import logging
 import os
 import random
@@ -17,14 +18,14 @@ from omegaconf import OmegaConf
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import distributed as dist
-from ..compile import compile_model
 from ..checkpoint import save_checkpoint, training_checkpoint
+from ..compile import compile_model
 from ..data import build_dataset, build_loader, check_classes, class_names, num_workers, take_skipped
 from ..data.mix import build_mix
 from ..errors import ConfigError, NonFiniteLoss
-from ..optim import AdaptiveLR, build_optimizer, build_scheduler
 from ..models import model_from_config
 from ..ops import kernel_in_use, use_backend
+from ..optim import AdaptiveLR, build_optimizer, build_scheduler
 from ..tasks import build_task
 from .config import check_config, device_type
 from .ema import WeightEMA, check_ema_decay
@@ -127,53 +128,94 @@ class Run:
         model = model_from_config(cfg)
         if cfg.trainer.sync_bn and dist.is_distributed():
             if device.type == "cpu":
-                raise ConfigError("trainer.sync_bn=true needs CUDA (torch's SyncBatchNorm does not run on CPU); "
-                                  "use trainer.sync_bn=false for CPU runs.")
+                raise ConfigError(
+                    "trainer.sync_bn=true needs CUDA (torch's SyncBatchNorm does not run on CPU); "
+                    "use trainer.sync_bn=false for CPU runs."
+                )
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        self.model = compile_model(model.to(device=device, memory_format=self.memory_format),
-                                   bool(cfg.trainer.get("compile", False)))
-        log.info("model %s (%s): %d parameters", cfg.model.name, cfg.model.layer,
-                 sum(p.numel() for p in model.parameters()))
+        self.model = compile_model(
+            model.to(device=device, memory_format=self.memory_format), bool(cfg.trainer.get("compile", False))
+        )
+        log.info(
+            "model %s (%s): %d parameters", cfg.model.name, cfg.model.layer, sum(p.numel() for p in model.parameters())
+        )
         self.task = build_task(self.model, cfg)
         self.task.to(device=device, memory_format=self.memory_format)  # its own modules (a teacher, a head)
         self.task.amp = self.amp
         train_set, val_set = build_dataset(cfg.data, "train"), build_dataset(cfg.data, "val")
         self.classes = class_names(train_set)
-        check_classes(self.classes, val_set, f"the training set {getattr(train_set, 'root', '')}".rstrip(),
-                      "give the train and val folders the same class folder names")
+        check_classes(
+            self.classes,
+            val_set,
+            f"the training set {getattr(train_set, 'root', '')}".rstrip(),
+            "give the train and val folders the same class folder names",
+        )
         self.train_loader, self.val_loader = (
             build_loader(cfg.data, split, ds, rank=self.rank, world_size=self.world, seed=self.seed, device=device)
-            for split, ds in (("train", train_set), ("val", val_set)))
-        log.info("data %s: %d train / %d val images, global batch %d", cfg.data.name,
-                 len(self.train_loader.dataset), len(self.val_loader.dataset.dataset), cfg.data.batch_size)
+            for split, ds in (("train", train_set), ("val", val_set))
+        )
+        log.info(
+            "data %s: %d train / %d val images, global batch %d",
+            cfg.data.name,
+            len(self.train_loader.dataset),
+            len(self.val_loader.dataset.dataset),
+            cfg.data.batch_size,
+        )
         self.optimizer = build_optimizer(cfg.optim, self.task.param_groups())
         self.scheduler = build_scheduler(cfg.sched, self.optimizer, self.epochs)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.amp == "fp16")
-        self.adaptive = (AdaptiveLR(self.model, float(cfg.adaptive_lr.eta)).attach(self.optimizer)
-                         if cfg.adaptive_lr.enabled else None)
+        self.adaptive = (
+            AdaptiveLR(self.model, float(cfg.adaptive_lr.eta)).attach(self.optimizer)
+            if cfg.adaptive_lr.enabled
+            else None
+        )
         if dist.is_distributed():
-            self.task.distribute(lambda m: nn.parallel.DistributedDataParallel(
-                m, device_ids=[device.index] if device.type == "cuda" else None))
+            self.task.distribute(
+                lambda m: nn.parallel.DistributedDataParallel(
+                    m, device_ids=[device.index] if device.type == "cuda" else None
+                )
+            )
         self.sums = MetricSums(device)
         accumulate = int(cfg.trainer.accumulate)
         if int(cfg.data.batch_size) // self.world < 2 * accumulate:
-            raise ConfigError(f"trainer.accumulate={accumulate} splits each process's batch of "
-                              f"{int(cfg.data.batch_size) // self.world} into micro-batches of fewer than 2 samples "
-                              f"(BatchNorm needs 2); use a larger data.batch_size or a smaller trainer.accumulate.")
+            raise ConfigError(
+                f"trainer.accumulate={accumulate} splits each process's batch of "
+                f"{int(cfg.data.batch_size) // self.world} into micro-batches of fewer than 2 samples "
+                f"(BatchNorm needs 2); use a larger data.batch_size or a smaller trainer.accumulate."
+            )
         decay = check_ema_decay(cfg.trainer)
         self.ema = WeightEMA(self.model, decay) if decay is not None else None
-        self.stepper = Stepper(self.task, self.optimizer, self.scaler, self.adaptive, accumulate,
-                               cfg.trainer.clip_grad_norm, self.ema, build_mix(cfg.data))
+        self.stepper = Stepper(
+            self.task,
+            self.optimizer,
+            self.scaler,
+            self.adaptive,
+            accumulate,
+            cfg.trainer.clip_grad_norm,
+            self.ema,
+            build_mix(cfg.data),
+        )
 
     def checkpoint(self, step, sums, rng):
         """The full training state; ``rng`` holds every rank's RNG states for a mid-epoch resume."""
         s = self.state
         ckpt = training_checkpoint(
-            model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
-            scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict(), epoch=s["epoch"], step=step,
-            best_top1=s["best_top1"], best_epoch=s["best_epoch"], history=s["history"],
-            train_sums=sums.state_dict(), rng=rng, config=self.resolved, world_size=self.world,
-            task=self.task.extra_state_dicts(), classes=self.classes)
+            model=self.model.state_dict(),
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(),
+            scaler=self.scaler.state_dict(),
+            epoch=s["epoch"],
+            step=step,
+            best_top1=s["best_top1"],
+            best_epoch=s["best_epoch"],
+            history=s["history"],
+            train_sums=sums.state_dict(),
+            rng=rng,
+            config=self.resolved,
+            world_size=self.world,
+            task=self.task.extra_state_dicts(),
+            classes=self.classes,
+        )
         if self.ema is not None:
             ckpt["ema"] = self.ema.state_dict()
         return ckpt
@@ -187,32 +229,60 @@ class Run:
         if cfg.data.num_workers == "auto":  # recorded as the number used (it changes the augmentation stream)
             self.cfg = cfg = OmegaConf.merge(cfg, {"data": {"num_workers": num_workers(cfg.data)}})  # a copy
         kernel = kernel_in_use(self.device)
-        log.info("run dir %s | %d process(es) | device %s | amp %s | adder backend %s (%s kernel)", self.run_dir,
-                 self.world, self.device, self.amp, cfg.trainer.backend, kernel)
+        log.info(
+            "run dir %s | %d process(es) | device %s | amp %s | adder backend %s (%s kernel)",
+            self.run_dir,
+            self.world,
+            self.device,
+            self.amp,
+            cfg.trainer.backend,
+            kernel,
+        )
         if self.stale:
             log.info("removed %d temporary file(s) of an interrupted write: %s", len(self.stale), ", ".join(self.stale))
         path = self.resumed_from = resume_path(cfg, self.run_dir, self.ckpt_dir)  # refuses to overwrite a history
         self.build()
         if path:  # refuses a different model, before the config is rewritten
-            resumed = restore(path, cfg, model=self.model, task=self.task, optimizer=self.optimizer,
-                              scheduler=self.scheduler, scaler=self.scaler, sums=self.sums, ema=self.ema,
-                              train_dataset=self.train_loader.dataset, device=self.device, world=self.world,
-                              rank=self.rank)
+            resumed = restore(
+                path,
+                cfg,
+                model=self.model,
+                task=self.task,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                scaler=self.scaler,
+                sums=self.sums,
+                ema=self.ema,
+                train_dataset=self.train_loader.dataset,
+                device=self.device,
+                world=self.world,
+                rank=self.rank,
+            )
             self.state, self.pending_rng, self.scheduler = resumed.state, resumed.rng, resumed.scheduler
         self.resolved = OmegaConf.to_container(cfg, resolve=True)
         if self.main:
             OmegaConf.save(cfg, os.path.join(self.run_dir, "config.yaml"), resolve=True)
         if self.main:
-            write_facts(self.run_dir, {
-                "device": str(self.device), "world_size": self.world,
-                "train_images": len(self.train_loader.dataset), "val_images": len(self.val_loader.dataset.dataset),
-                "data_held_on": str(self.train_loader.device) if cfg.data.get("on_device") else None,
-                "compiled": getattr(self.model, "_compiled_call_impl", None) is not None, "adder_kernel": kernel})
+            write_facts(
+                self.run_dir,
+                {
+                    "device": str(self.device),
+                    "world_size": self.world,
+                    "train_images": len(self.train_loader.dataset),
+                    "val_images": len(self.val_loader.dataset.dataset),
+                    "data_held_on": str(self.train_loader.device) if cfg.data.get("on_device") else None,
+                    "compiled": getattr(self.model, "_compiled_call_impl", None) is not None,
+                    "adder_kernel": kernel,
+                },
+            )
         loggers = selected(cfg)
-        self.outputs = RunOutputs(self.run_dir, self.main, self.state["epoch"] if path else None,
-                                  tensorboard="tensorboard" in loggers,
-                                  trackers=build_trackers(cfg, self.run_dir, self.resolved, self.hparams())
-                                  if self.main else ())
+        self.outputs = RunOutputs(
+            self.run_dir,
+            self.main,
+            self.state["epoch"] if path else None,
+            tensorboard="tensorboard" in loggers,
+            trackers=build_trackers(cfg, self.run_dir, self.resolved, self.hparams()) if self.main else (),
+        )
         self.outputs.rewrite_metrics(self.state["history"])
         for epoch in range(self.state["epoch"], self.epochs):
             self.run_epoch(epoch)
@@ -225,45 +295,94 @@ class Run:
         if not start_step:
             self.sums = MetricSums(self.device)
         take_skipped(self.train_loader)
-        settings = LoopSettings(device=self.device, epochs=self.epochs, seed=self.seed, rank=self.rank, world=self.world,
-                                memory_format=self.memory_format, log_every=int(self.cfg.trainer.log_every),
-                                progress=bool(self.cfg.trainer.progress), last_good=self.last_good())
+        settings = LoopSettings(
+            device=self.device,
+            epochs=self.epochs,
+            seed=self.seed,
+            rank=self.rank,
+            world=self.world,
+            memory_format=self.memory_format,
+            log_every=int(self.cfg.trainer.log_every),
+            progress=bool(self.cfg.trainer.progress),
+            last_good=self.last_good(),
+        )
         rng, self.pending_rng = self.pending_rng, None
-        seen, seconds = train_epoch(self.train_loader, self.task, self.stepper, self.sums, epoch, start_step, settings,
-                                    self.stop, self.preempt, rng)
+        seen, seconds = train_epoch(
+            self.train_loader,
+            self.task,
+            self.stepper,
+            self.sums,
+            epoch,
+            start_step,
+            settings,
+            self.stop,
+            self.preempt,
+            rng,
+        )
         train = self.sums.all_reduce().compute()
         bn_batches = int(self.cfg.trainer.precise_bn)
         if bn_batches and has_batchnorm(self.model):
-            bn_seconds = precise_bn(self.model, self.train_loader, bn_batches, self.device, self.amp,
-                                    self.memory_format, progress=self.main and bool(self.cfg.trainer.progress))
-        val = evaluate(self.task.net, self.val_loader, self.device, amp=self.amp,
-                       channels_last=bool(self.cfg.trainer.channels_last))
-        record = {"epoch": epoch + 1, "lr": lr, "train_loss": train["loss"], "train_top1": train["top1"],
-                  "val_loss": val["loss"], "val_top1": val["top1"], "val_top5": val["top5"], "val_n": val["n"]}
+            bn_seconds = precise_bn(
+                self.model,
+                self.train_loader,
+                bn_batches,
+                self.device,
+                self.amp,
+                self.memory_format,
+                progress=self.main and bool(self.cfg.trainer.progress),
+            )
+        val = evaluate(
+            self.task.net,
+            self.val_loader,
+            self.device,
+            amp=self.amp,
+            channels_last=bool(self.cfg.trainer.channels_last),
+        )
+        record = {
+            "epoch": epoch + 1,
+            "lr": lr,
+            "train_loss": train["loss"],
+            "train_top1": train["top1"],
+            "val_loss": val["loss"],
+            "val_top1": val["top1"],
+            "val_top5": val["top5"],
+            "val_n": val["n"],
+        }
         record.update({f"train_{k}": v for k, v in train.items() if k not in ("loss", "top1", "top5", "n")})
         models = dict(self.task.eval_models(), **({"ema": self.ema.module} if self.ema is not None else {}))
         for name, extra in models.items():
-            other = evaluate(extra, self.val_loader, self.device, amp=self.amp,
-                             channels_last=bool(self.cfg.trainer.channels_last))
+            other = evaluate(
+                extra, self.val_loader, self.device, amp=self.amp, channels_last=bool(self.cfg.trainer.channels_last)
+            )
             record.update({f"{name}_val_{k}": other[k] for k in ("loss", "top1", "top5")})
         if bn_batches and has_batchnorm(self.model):
             record["precise_bn_seconds"] = bn_seconds
         skipped = take_skipped(self.train_loader), take_skipped(self.val_loader)
         if any(skipped):
-            log.warning("epoch %d: skipped %d unreadable training and %d validation image(s) (data.skip_corrupt=true)",
-                        epoch + 1, *skipped)
+            log.warning(
+                "epoch %d: skipped %d unreadable training and %d validation image(s) (data.skip_corrupt=true)",
+                epoch + 1,
+                *skipped,
+            )
         self.scheduler.step()
-        record.update({"epoch_seconds": time.perf_counter() - t0, "images_per_s": seen / max(seconds, 1e-9),
-                       "val_images_per_s": val["images_per_s"]})
+        record.update(
+            {
+                "epoch_seconds": time.perf_counter() - t0,
+                "images_per_s": seen / max(seconds, 1e-9),
+                "val_images_per_s": val["images_per_s"],
+            }
+        )
         self.end_epoch(epoch, record)
 
     def end_epoch(self, epoch, record):
         bad = non_finite_state(self.model, self.task, self.device, record)  # before anything of this epoch is written
         if bad:
-            raise NonFiniteLoss(f"epoch {epoch + 1} ended with non-finite {', '.join(bad[:4])}"
-                                f"{' ...' if len(bad) > 4 else ''} (val loss {record['val_loss']}); nothing of this "
-                                f"epoch was saved, so {self.last_good()}. Try a lower optim.lr, trainer.amp=off, or "
-                                f"check the data.")
+            raise NonFiniteLoss(
+                f"epoch {epoch + 1} ended with non-finite {', '.join(bad[:4])}"
+                f"{' ...' if len(bad) > 4 else ''} (val loss {record['val_loss']}); nothing of this "
+                f"epoch was saved, so {self.last_good()}. Try a lower optim.lr, trainer.amp=off, or "
+                f"check the data."
+            )
         s = self.state
         s["epoch"] = epoch + 1
         improved = record["val_top1"] > s["best_top1"]
@@ -271,14 +390,32 @@ class Run:
             s["best_top1"], s["best_epoch"] = record["val_top1"], epoch + 1
         s["history"].append(record)
         extras = "".join(f" | {k} {record[k]:.4f}" for k in extra_keys(record))
-        log.info("epoch %d/%d lr %.5f | train loss %.4f top1 %.2f | val loss %.4f top1 %.2f top5 %.2f (n=%d) | "
-                 "%.1fs %.0f img/s | best %.2f @%d%s", epoch + 1, self.epochs, record["lr"], record["train_loss"],
-                 record["train_top1"], record["val_loss"], record["val_top1"], record["val_top5"], record["val_n"],
-                 record["epoch_seconds"], record["images_per_s"], s["best_top1"], s["best_epoch"], extras)
+        log.info(
+            "epoch %d/%d lr %.5f | train loss %.4f top1 %.2f | val loss %.4f top1 %.2f top5 %.2f (n=%d) | "
+            "%.1fs %.0f img/s | best %.2f @%d%s",
+            epoch + 1,
+            self.epochs,
+            record["lr"],
+            record["train_loss"],
+            record["train_top1"],
+            record["val_loss"],
+            record["val_top1"],
+            record["val_top5"],
+            record["val_n"],
+            record["epoch_seconds"],
+            record["images_per_s"],
+            s["best_top1"],
+            s["best_epoch"],
+            extras,
+        )
         if self.main:
             hist_every = int(self.cfg.trainer.hist_every)
-            self.outputs.write_epoch(record, self.adaptive.alphas if self.adaptive else {}, self.model,
-                                     histograms=epoch == 0 or (epoch + 1) % hist_every == 0 or epoch + 1 == self.epochs)
+            self.outputs.write_epoch(
+                record,
+                self.adaptive.alphas if self.adaptive else {},
+                self.model,
+                histograms=epoch == 0 or (epoch + 1) % hist_every == 0 or epoch + 1 == self.epochs,
+            )
             final = self.checkpoint(0, MetricSums(), None)
             if improved:
                 save_checkpoint(final, os.path.join(self.ckpt_dir, "best.pt"))
@@ -286,9 +423,11 @@ class Run:
         dist.barrier()
         if epoch + 1 < self.epochs and dist.any_rank(self.stop.requested, self.device):
             self.outputs.close()
-            raise self.stop.error(f"stopped by {self.stop.name} after epoch {epoch + 1}; saved "
-                                  f"{os.path.join(self.ckpt_dir, 'last.pt')}. Re-run with hydra.run.dir="
-                                  f"{self.run_dir} to resume.")
+            raise self.stop.error(
+                f"stopped by {self.stop.name} after epoch {epoch + 1}; saved "
+                f"{os.path.join(self.ckpt_dir, 'last.pt')}. Re-run with hydra.run.dir="
+                f"{self.run_dir} to resume."
+            )
 
     def last_good(self):
         """Where the last good state is, for the message of a run that stops on NaN/inf (nothing bad is saved)."""
@@ -302,9 +441,11 @@ class Run:
         """Save a mid-epoch last.pt (every rank's RNG included) and raise Preempted (Interrupted for Ctrl-C)."""
         bad = non_finite_state(self.model, self.task, self.device)
         if bad:
-            raise NonFiniteLoss(f"{self.stop.name} at epoch {epoch + 1} step {step}, but the model state is not "
-                                f"finite ({', '.join(bad[:3])}): not saved, so {self.last_good()}. Try a lower "
-                                f"optim.lr.")
+            raise NonFiniteLoss(
+                f"{self.stop.name} at epoch {epoch + 1} step {step}, but the model state is not "
+                f"finite ({', '.join(bad[:3])}): not saved, so {self.last_good()}. Try a lower "
+                f"optim.lr."
+            )
         log.warning("%s: stopping after epoch %d step %d, saving checkpoints/last.pt", self.stop.name, epoch + 1, step)
         rng = gather_rng(self.world)
         last = os.path.join(self.ckpt_dir, "last.pt")
@@ -312,23 +453,43 @@ class Run:
             save_checkpoint(self.checkpoint(step, self.sums, rng), last)
         dist.barrier()
         self.outputs.close()
-        raise self.stop.error(f"stopped by {self.stop.name} at epoch {epoch + 1} step {step}; saved {last}. Re-run "
-                              f"with hydra.run.dir={self.run_dir} to resume.")
+        raise self.stop.error(
+            f"stopped by {self.stop.name} at epoch {epoch + 1} step {step}; saved {last}. Re-run "
+            f"with hydra.run.dir={self.run_dir} to resume."
+        )
 
     def hparams(self):
         """The run's hyper-parameters for the trackers (TensorBoard's hparams, MLflow params, W&B config)."""
         cfg = self.cfg
-        return {"model": cfg.model.name, "layer": cfg.model.layer, "data": cfg.data.name, "task": cfg.task.name,
-                "epochs": self.epochs, "batch_size": int(cfg.data.batch_size), "lr": float(cfg.optim.lr),
-                "weight_decay": float(cfg.optim.weight_decay), "adaptive_lr": bool(cfg.adaptive_lr.enabled),
-                "eta": float(cfg.adaptive_lr.eta), "amp": self.amp, "seed": self.seed, "world_size": self.world}
+        return {
+            "model": cfg.model.name,
+            "layer": cfg.model.layer,
+            "data": cfg.data.name,
+            "task": cfg.task.name,
+            "epochs": self.epochs,
+            "batch_size": int(cfg.data.batch_size),
+            "lr": float(cfg.optim.lr),
+            "weight_decay": float(cfg.optim.weight_decay),
+            "adaptive_lr": bool(cfg.adaptive_lr.enabled),
+            "eta": float(cfg.adaptive_lr.eta),
+            "amp": self.amp,
+            "seed": self.seed,
+            "world_size": self.world,
+        }
 
     def finish(self):
         s = self.state
         last = s["history"][-1] if s["history"] else {}
         if self.main:
-            self.outputs.close(self.hparams(), {"hparam/best_top1": s["best_top1"],
-                                         "hparam/final_top1": last.get("val_top1", float("nan"))})
+            self.outputs.close(
+                self.hparams(),
+                {"hparam/best_top1": s["best_top1"], "hparam/final_top1": last.get("val_top1", float("nan"))},
+            )
             log.info("done: best val top1 %.2f at epoch %d; run dir %s", s["best_top1"], s["best_epoch"], self.run_dir)
-        return {"best_top1": s["best_top1"], "best_epoch": s["best_epoch"], "epochs": s["epoch"], "final": last,
-                "run_dir": self.run_dir}
+        return {
+            "best_top1": s["best_top1"],
+            "best_epoch": s["best_epoch"],
+            "epochs": s["epoch"],
+            "final": last,
+            "run_dir": self.run_dir,
+        }

@@ -8,6 +8,7 @@ torchrun the ranks agree on it through a non-blocking vote over a CPU group (dis
 started at one step and read at the next, so every rank saves at the same step and the GPU stream
 never waits. A pre-emption therefore saves within one or two steps, whatever trainer.log_every is.
 """
+
 import dataclasses
 import logging
 import math
@@ -44,7 +45,8 @@ class LossWatch:
         if step:
             raise NonFiniteLoss(
                 f"non-finite loss ({self.loss.item()}) at epoch {epoch + 1} step {step}; stopped without saving, "
-                f"so {last_good}. Try a lower optim.lr, trainer.amp=off, or check the data.")
+                f"so {last_good}. Try a lower optim.lr, trainer.amp=off, or check the data."
+            )
 
 
 def non_finite_state(model, task, device, record=None):
@@ -67,13 +69,22 @@ def host_check(sums, watch, epoch, step, bar, seen, started, settings):
     running = sums.compute()
     rate = seen / max(time.perf_counter() - started, 1e-9)
     bar.set_postfix(loss=f"{running['loss']:.3f}", top1=f"{running['top1']:.1f}", img_s=f"{rate:.0f}", refresh=False)
-    log.info("epoch %d/%d step %d/%d loss %.4f top1 %.2f img/s %.1f", epoch + 1, settings.epochs, step, bar.total,
-             running["loss"], running["top1"], rate)
+    log.info(
+        "epoch %d/%d step %d/%d loss %.4f top1 %.2f img/s %.1f",
+        epoch + 1,
+        settings.epochs,
+        step,
+        bar.total,
+        running["loss"],
+        running["top1"],
+        rate,
+    )
 
 
 @dataclasses.dataclass
 class LoopSettings:
     """What the step loop needs to know about the run besides its objects."""
+
     device: torch.device
     epochs: int
     seed: int = 0
@@ -98,16 +109,24 @@ def train_epoch(loader, task, stepper, sums, epoch, start_step, settings, stop, 
     batches = iter_from(loader, start_step)  # mid-epoch resume: the data stream from the saved step
     if rng is not None:
         set_rng_state(rng)
-    bar = tqdm(total=len(loader), initial=start_step, desc=f"epoch {epoch + 1}/{s.epochs}",
-               disable=not (dist.is_main() and s.progress), dynamic_ncols=True, leave=False)
+    bar = tqdm(
+        total=len(loader),
+        initial=start_step,
+        desc=f"epoch {epoch + 1}/{s.epochs}",
+        disable=not (dist.is_main() and s.progress),
+        dynamic_ncols=True,
+        leave=False,
+    )
     watch, vote = LossWatch(s.device), dist.StopVote()
     seen, started, step = 0, time.perf_counter(), start_step
     try:
         for step, (images, target) in enumerate(batches, start=start_step + 1):
             if target.shape[0] < 2:  # only after data.skip_corrupt dropped images: BatchNorm would fail
-                raise DataError(f"epoch {epoch + 1} step {step}: {target.shape[0]} image(s) left in a training batch "
-                                f"after skipping corrupt ones, and BatchNorm needs 2; remove the corrupt files "
-                                f"(named in the warnings above) or use a larger data.batch_size.")
+                raise DataError(
+                    f"epoch {epoch + 1} step {step}: {target.shape[0]} image(s) left in a training batch "
+                    f"after skipping corrupt ones, and BatchNorm needs 2; remove the corrupt files "
+                    f"(named in the warnings above) or use a larger data.batch_size."
+                )
             images, target = to_device(images, target, s.device, s.memory_format)
             stepper(images, target, sums, watch, step)  # micro-batches, clipping, step, EMA (step.py)
             seen += target.shape[0] * s.world

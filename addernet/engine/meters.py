@@ -4,6 +4,7 @@ Sums (not averages) are kept, on the device, so that a cross-rank all-reduce of 
 by one division gives the exact dataset-level numbers regardless of how samples were split, and
 so that updating them never waits for the device.
 """
+
 import torch
 
 from .. import distributed as dist
@@ -14,7 +15,7 @@ def topk_correct(logits, target, ks=(1, 5)):
     maxk = min(max(ks), logits.shape[1])
     pred = logits.topk(maxk, dim=1).indices  # N x maxk
     hit = pred.eq(target.view(-1, 1))
-    return [hit[:, :min(k, maxk)].any(dim=1).sum() for k in ks]
+    return [hit[:, : min(k, maxk)].any(dim=1).sum() for k in ks]
 
 
 class MetricSums:

@@ -4,6 +4,7 @@ Crash-safe by construction: metrics.jsonl is rewritten from the checkpoint's his
 resumes, and the TensorBoard writer purges events after the resumed epoch, so a replayed epoch
 never appears twice.
 """
+
 import json
 import logging
 import math
@@ -12,8 +13,15 @@ import sys
 
 from ..ops import ADDER_MODULES
 
-RECORD_SCALARS = (("train/loss", "train_loss"), ("train/top1", "train_top1"), ("val/loss", "val_loss"),
-                  ("val/top1", "val_top1"), ("val/top5", "val_top5"), ("lr", "lr"), ("images_per_s", "images_per_s"))
+RECORD_SCALARS = (
+    ("train/loss", "train_loss"),
+    ("train/top1", "train_top1"),
+    ("val/loss", "val_loss"),
+    ("val/top1", "val_top1"),
+    ("val/top5", "val_top5"),
+    ("lr", "lr"),
+    ("images_per_s", "images_per_s"),
+)
 BASE_KEYS = {key for _, key in RECORD_SCALARS} | {"epoch", "val_n", "epoch_seconds", "val_images_per_s"}
 
 
@@ -37,6 +45,7 @@ def setup_logging(run_dir, main):
             h.close()
         logger.setLevel(old[0])
         logger.propagate = old[1]
+
     return restore
 
 
@@ -78,8 +87,11 @@ class RunOutputs:
         self.writer, self.trackers = None, list(trackers) if main else []
         if main and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
-            self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"),
-                                        purge_step=resumed_epoch + 1 if resumed_epoch is not None else None)
+
+            self.writer = SummaryWriter(
+                os.path.join(run_dir, "tensorboard"),
+                purge_step=resumed_epoch + 1 if resumed_epoch is not None else None,
+            )
 
     def rewrite_metrics(self, history):
         """metrics.jsonl from the checkpoint's history (atomic), so a replayed epoch is not doubled."""

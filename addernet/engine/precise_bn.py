@@ -7,6 +7,7 @@ that kept changing, so they lag the current weights; the lag is large for adder 
 reset and re-estimated as the plain average over ``trainer.precise_bn`` training batches at the current
 weights (addernet.quant.calibration.recalibrate_bn, the mechanism the quantiser uses), averaged over ranks.
 """
+
 import itertools
 import time
 
@@ -14,8 +15,8 @@ import torch
 import torch.nn as nn
 
 from .. import distributed as dist
-from ..quant.calibration import recalibrate_bn
 from ..forward import autocast, to_device
+from ..quant.calibration import recalibrate_bn
 
 
 def has_batchnorm(model):

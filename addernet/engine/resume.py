@@ -5,6 +5,7 @@ Exactness rests on one rule: every epoch's randomness is a pure function of (see
 checkpoint (SIGTERM) additionally holds the step count and every rank's RNG states; resuming
 fast-forwards the epoch's data stream to that step (loading, not training) and restores them.
 """
+
 import dataclasses
 import logging
 import random
@@ -12,7 +13,6 @@ import signal
 import warnings
 
 import torch
-
 from omegaconf import OmegaConf
 
 from .. import distributed as dist
@@ -99,29 +99,35 @@ def _load_state(obj, state, what, path):
     try:
         obj.load_state_dict(state)
     except (KeyError, ValueError, TypeError, RuntimeError, IndexError, AttributeError) as e:
-        raise CheckpointError(f"{path}: its {what} state does not fit this run's {what} "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}); resume with the "
-                              f"run's own settings, or start a fresh run dir.") from None
+        raise CheckpointError(
+            f"{path}: its {what} state does not fit this run's {what} "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else e}); resume with the "
+            f"run's own settings, or start a fresh run dir."
+        ) from None
 
 
 def _check_optimizer_kind(saved, optimizer, path):
     """The saved param groups must have this optimizer's hyperparameters (SGD's momentum vs AdamW's betas)."""
     groups = saved["param_groups"]
     mine = {k for k in optimizer.param_groups[0] if k not in ("params", "initial_lr")}
-    theirs = {k for k in groups[0] if k not in ("params", "initial_lr")} if groups and isinstance(groups[0], dict) \
-        else set()
+    theirs = (
+        {k for k in groups[0] if k not in ("params", "initial_lr")} if groups and isinstance(groups[0], dict) else set()
+    )
     if len(groups) != len(optimizer.param_groups) or mine - theirs:
-        raise CheckpointError(f"{path} holds the state of another optimizer ({len(groups)} parameter group(s) "
-                              f"with {', '.join(sorted(theirs)) or 'no settings'}) than this run's "
-                              f"{type(optimizer).__name__} ({len(optimizer.param_groups)} group(s)); the optimizer "
-                              f"cannot change on resume: use the run's optim=..., or start a fresh run dir.")
+        raise CheckpointError(
+            f"{path} holds the state of another optimizer ({len(groups)} parameter group(s) "
+            f"with {', '.join(sorted(theirs)) or 'no settings'}) than this run's "
+            f"{type(optimizer).__name__} ({len(optimizer.param_groups)} group(s)); the optimizer "
+            f"cannot change on resume: use the run's optim=..., or start a fresh run dir."
+        )
 
 
 @dataclasses.dataclass
 class Resumed:
     """What a checkpoint gives the run that resumes it (the driver applies it)."""
-    state: dict      # the loop position and history: the keys of fresh_state()
-    rng: object      # this rank's RNG states for a mid-epoch resume on the same number of processes, else None
+
+    state: dict  # the loop position and history: the keys of fresh_state()
+    rng: object  # this rank's RNG states for a mid-epoch resume on the same number of processes, else None
     scheduler: object  # the schedule to continue with (rebuilt when trainer.epochs or optim/sched changed)
 
 
@@ -140,13 +146,19 @@ def restore(path, cfg, *, model, task, optimizer, scheduler, scaler, sums, ema, 
     override = bool(cfg.trainer.get("resume_override", False))
     check_changes(changes, path, override)
     check_classes(ckpt.get("classes"), train_dataset, f"{path}", fix)
-    load_weights(model, ckpt["model"], source=path,
-                 hint=f"(built from model.name={cfg.model.name} model.layer={cfg.model.layer}; resume with the "
-                      f"run's own model and data settings, or start a fresh run dir)")
+    load_weights(
+        model,
+        ckpt["model"],
+        source=path,
+        hint=f"(built from model.name={cfg.model.name} model.layer={cfg.model.layer}; resume with the "
+        f"run's own model and data settings, or start a fresh run dir)",
+    )
     task_state = ckpt.get("task", {})
     if not isinstance(task_state, dict):
-        raise CheckpointError(f"{path}: its task field must be a dict of state_dicts, found "
-                              f"{type(task_state).__name__}; resume from an intact copy or start a fresh run dir.")
+        raise CheckpointError(
+            f"{path}: its task field must be a dict of state_dicts, found "
+            f"{type(task_state).__name__}; resume from an intact copy or start a fresh run dir."
+        )
     task.load_extra_state_dicts(task_state, source=path)
     if ema is not None and ckpt.get("ema"):
         _load_state(ema, ckpt["ema"], "weight average (trainer.ema_decay)", path)
@@ -161,16 +173,25 @@ def restore(path, cfg, *, model, task, optimizer, scheduler, scaler, sums, ema, 
     state = {k: ckpt[k] for k in fresh_state()}
     step, same_world = state["step"], ckpt["world_size"] == world
     if step and not same_world:
-        log.warning("mid-epoch checkpoint from %d process(es) resumed on %d: the rest of the epoch continues "
-                    "at step %d of the new data split (not bit-exact)", ckpt["world_size"], world, step)
-    log.info("resumed from %s: %d epoch(s) done%s", path, state["epoch"],
-             f", {step} step(s) into the next" if step else "")
+        log.warning(
+            "mid-epoch checkpoint from %d process(es) resumed on %d: the rest of the epoch continues "
+            "at step %d of the new data split (not bit-exact)",
+            ckpt["world_size"],
+            world,
+            step,
+        )
+    log.info(
+        "resumed from %s: %d epoch(s) done%s", path, state["epoch"], f", {step} step(s) into the next" if step else ""
+    )
     applied = changes["allowed"] + (changes["refused"] if override else [])
     if applied:
         log.warning("settings changed on resume, applied from here on: %s", describe(applied))
     if changes["unrecorded"]:
-        log.info("not recorded in %s (an option newer than the checkpoint), taken as given: %s", path,
-                 ", ".join(changes["unrecorded"]))
+        log.info(
+            "not recorded in %s (an option newer than the checkpoint), taken as given: %s",
+            path,
+            ", ".join(changes["unrecorded"]),
+        )
     changed = {k for k, _, _ in applied}
     if any(k.startswith(("optim.", "sched.")) for k in changed):
         for group, mine in zip(optimizer.param_groups, settings):
@@ -178,8 +199,14 @@ def restore(path, cfg, *, model, task, optimizer, scheduler, scaler, sums, ema, 
     if step and "data.batch_size" in changed:
         old = int(stored["data"]["batch_size"])
         state["step"] = step * old // int(cfg.data.batch_size)
-        log.warning("data.batch_size changed from %d to %d mid-epoch: the epoch continues after the %d images it "
-                    "already trained on, at step %d", old, int(cfg.data.batch_size), step * old, state["step"])
+        log.warning(
+            "data.batch_size changed from %d to %d mid-epoch: the epoch continues after the %d images it "
+            "already trained on, at step %d",
+            old,
+            int(cfg.data.batch_size),
+            step * old,
+            state["step"],
+        )
     planned, epochs = stored.get("trainer", {}).get("epochs", int(cfg.trainer.epochs)), int(cfg.trainer.epochs)
     if planned != epochs or any(k.startswith(("optim.", "sched.")) for k in changed):
         scheduler = reschedule(cfg, optimizer, scheduler, state["epoch"], planned)
@@ -205,8 +232,17 @@ def reschedule(cfg, optimizer, scheduler, epoch, planned):
         warnings.simplefilter("ignore", UserWarning)
         for _ in range(epoch):
             scheduler.step()
-    why = (f"trainer.epochs changed from {planned} (the checkpoint's) to {epochs}" if planned != epochs
-           else "optim/sched settings changed (trainer.resume_override=true)")
-    log.warning("%s: the %s schedule is recomputed for %d epochs and continues at epoch %d with lr %.6g", why,
-                cfg.sched.name, epochs, epoch + 1, optimizer.param_groups[0]["lr"])
+    why = (
+        f"trainer.epochs changed from {planned} (the checkpoint's) to {epochs}"
+        if planned != epochs
+        else "optim/sched settings changed (trainer.resume_override=true)"
+    )
+    log.warning(
+        "%s: the %s schedule is recomputed for %d epochs and continues at epoch %d with lr %.6g",
+        why,
+        cfg.sched.name,
+        epochs,
+        epoch + 1,
+        optimizer.param_groups[0]["lr"],
+    )
     return scheduler

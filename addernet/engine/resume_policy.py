@@ -16,17 +16,45 @@ the checkpoint, key by key.
                applies them from the resume point on (logged; config.yaml records them).
 A key the checkpoint does not record (an option newer than the checkpoint) is taken as given and logged.
 """
+
 import os
 
 from ..errors import ConfigError
 
-MAY_CHANGE = ("trainer.epochs", "trainer.log_every", "trainer.hist_every", "trainer.progress", "trainer.resume",
-              "trainer.resume_override", "trainer.device", "trainer.backend", "trainer.compile", "trainer.channels_last",
-              "trainer.deterministic", "trainer.dist_timeout", "data.num_workers", "data.pin_memory", "data.root",
-              "data.train_dir", "data.val_dir", "data.download", "data.skip_corrupt", "trainer.precise_bn",
-              "logger")
-NEVER = ("model", "optim.name", "task.name", "task.teacher", "task.teacher_model", "task.teacher_layer", "data.name",
-         "data.num_classes", "data.in_channels")
+MAY_CHANGE = (
+    "trainer.epochs",
+    "trainer.log_every",
+    "trainer.hist_every",
+    "trainer.progress",
+    "trainer.resume",
+    "trainer.resume_override",
+    "trainer.device",
+    "trainer.backend",
+    "trainer.compile",
+    "trainer.channels_last",
+    "trainer.deterministic",
+    "trainer.dist_timeout",
+    "data.num_workers",
+    "data.pin_memory",
+    "data.root",
+    "data.train_dir",
+    "data.val_dir",
+    "data.download",
+    "data.skip_corrupt",
+    "trainer.precise_bn",
+    "logger",
+)
+NEVER = (
+    "model",
+    "optim.name",
+    "task.name",
+    "task.teacher",
+    "task.teacher_model",
+    "task.teacher_layer",
+    "data.name",
+    "data.num_classes",
+    "data.in_channels",
+)
 ABSENT = "<absent>"
 
 
@@ -47,8 +75,12 @@ def flatten(node, prefix=""):
 
 
 def _same(a, b):
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
-            and not isinstance(b, bool):
+    if (
+        isinstance(a, (int, float))
+        and isinstance(b, (int, float))
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+    ):
         return float(a) == float(b)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
@@ -79,15 +111,19 @@ def check_changes(changes, source, override):
     """ConfigError for a NEVER change, or for other changes without trainer.resume_override=true."""
     fresh = "start a fresh run dir (hydra.run.dir=...)"
     if changes["never"]:
-        raise ConfigError(f"{source} cannot be resumed with {describe(changes['never'])}: the checkpoint's weights "
-                          f"and optimizer state belong to the old value(s), so they cannot change on resume (not "
-                          f"even with trainer.resume_override=true); resume with the checkpoint's values, or {fresh}.")
+        raise ConfigError(
+            f"{source} cannot be resumed with {describe(changes['never'])}: the checkpoint's weights "
+            f"and optimizer state belong to the old value(s), so they cannot change on resume (not "
+            f"even with trainer.resume_override=true); resume with the checkpoint's values, or {fresh}."
+        )
     if changes["refused"] and not override:
         keys = ", ".join(k for k, _, _ in changes["refused"])
-        raise ConfigError(f"{source} was trained with other settings ({keys} differ): {describe(changes['refused'])}. "
-                          f"A resume may change only {', '.join(MAY_CHANGE)}. Resume with the checkpoint's values, "
-                          f"{fresh}, or pass trainer.resume_override=true to apply the new values from the resume "
-                          f"point on (logged, and recorded in config.yaml and the checkpoints).")
+        raise ConfigError(
+            f"{source} was trained with other settings ({keys} differ): {describe(changes['refused'])}. "
+            f"A resume may change only {', '.join(MAY_CHANGE)}. Resume with the checkpoint's values, "
+            f"{fresh}, or pass trainer.resume_override=true to apply the new values from the resume "
+            f"point on (logged, and recorded in config.yaml and the checkpoints)."
+        )
 
 
 def _history(run_dir, ckpt_dir):
@@ -111,8 +147,10 @@ def choose_resume(resume, run_dir, ckpt_dir):
     if os.path.isfile(own):
         note = None
         if given and given != own:
-            note = (f"the run dir's own {own} wins over trainer.resume={resume}: resuming the run's latest state "
-                    f"(to start from {resume} instead, use a fresh run dir)")
+            note = (
+                f"the run dir's own {own} wins over trainer.resume={resume}: resuming the run's latest state "
+                f"(to start from {resume} instead, use a fresh run dir)"
+            )
         return own, note
     if given:
         return given, None
@@ -120,7 +158,9 @@ def choose_resume(resume, run_dir, ckpt_dir):
     if history:
         best = os.path.join(ckpt_dir, "best.pt")
         resume_best = f"resume from the best epoch with trainer.resume={best}, " if best in history else ""
-        raise ConfigError(f"the run dir {run_dir} holds a run's history ({', '.join(history)}) but no "
-                          f"checkpoints/last.pt, so starting here would overwrite it; {resume_best}start in a fresh "
-                          f"dir with hydra.run.dir=..., or delete {' and '.join(history)} to start over here.")
+        raise ConfigError(
+            f"the run dir {run_dir} holds a run's history ({', '.join(history)}) but no "
+            f"checkpoints/last.pt, so starting here would overwrite it; {resume_best}start in a fresh "
+            f"dir with hydra.run.dir=..., or delete {' and '.join(history)} to start over here."
+        )
     return None, None

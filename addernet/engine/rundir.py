@@ -5,6 +5,7 @@ of the run: the kernel drops it when the process exits in any way (kill -9 inclu
 run never leaves a stale lock behind. The file itself stays (removing it would let two runs lock two
 different files of the same name); it holds the pid of the last run that locked it.
 """
+
 import fcntl
 import glob
 import os
@@ -20,8 +21,10 @@ class RunDirBusy(ConfigError):
 
 
 def _unwritable(run_dir, e):
-    return ConfigError(f"cannot write to the run dir {run_dir} ({e.strerror or e}); make it writable or choose "
-                       f"another one with hydra.run.dir=/path/to/run.")
+    return ConfigError(
+        f"cannot write to the run dir {run_dir} ({e.strerror or e}); make it writable or choose "
+        f"another one with hydra.run.dir=/path/to/run."
+    )
 
 
 class RunDirLock:
@@ -69,8 +72,10 @@ def lock_run_dir(run_dir):
     except BlockingIOError:
         holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise RunDirBusy(f"the run dir {run_dir} is in use by another training run (pid {holder} holds {path}); "
-                         f"wait for it to finish, or start this run in another dir with hydra.run.dir=...") from None
+        raise RunDirBusy(
+            f"the run dir {run_dir} is in use by another training run (pid {holder} holds {path}); "
+            f"wait for it to finish, or start this run in another dir with hydra.run.dir=..."
+        ) from None
     lock = RunDirLock(fd)
     try:
         os.ftruncate(fd, 0)

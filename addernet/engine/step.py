@@ -1,5 +1,6 @@
-"""One optimizer step: batch mixing (data.mixup_alpha / cutmix_alpha), the batch's micro-batches (trainer.accumulate), backward, gradient clipping
-(trainer.clip_grad_norm), the optimizer step with the adaptive LR's pre-step hook, then the weight average.
+"""One optimizer step: batch mixing (data.mixup_alpha / cutmix_alpha), the batch's micro-batches
+(trainer.accumulate), backward, gradient clipping (trainer.clip_grad_norm), the optimizer step with the
+adaptive LR's pre-step hook, then the weight average.
 
 Accumulation splits the loaded batch (the process's share of data.batch_size) into N micro-batches, so the
 recipe's batch, the steps per epoch, the schedule and the checkpoint/SIGTERM positions (which are step
@@ -7,6 +8,7 @@ boundaries) do not change with N: only the activation memory does. Each micro-ba
 weighted by its share of the batch, so the accumulated gradient is the gradient of the whole batch's mean
 loss; the adaptive LR then sees that total. Under DDP the non-final micro-batches run inside ``no_sync``.
 """
+
 import contextlib
 
 import torch
@@ -30,8 +32,7 @@ def clip_parameters(optimizer, adaptive):
 class Stepper:
     """``stepper(images, target, sums, watch, step)`` makes one optimizer step from one loaded batch."""
 
-    def __init__(self, task, optimizer, scaler, adaptive=None, accumulate=1, clip_grad_norm=None, ema=None,
-                 mix=None):
+    def __init__(self, task, optimizer, scaler, adaptive=None, accumulate=1, clip_grad_norm=None, ema=None, mix=None):
         self.task, self.optimizer, self.scaler, self.ema, self.mix = task, optimizer, scaler, ema, mix
         self.accumulate = int(accumulate)
         self.clip = float(clip_grad_norm) if clip_grad_norm is not None else None
@@ -48,8 +49,12 @@ class Stepper:
                 out = self.task(x, y)
                 watch.update(out["loss"], step)
                 self.scaler.scale(out["loss"] * (y.shape[0] / n)).backward()
-            sums.update(out["loss"].detach() * y.shape[0], out["output"], hard_labels(y),
-                        {k: v for k, v in out.items() if k not in ("loss", "output")})
+            sums.update(
+                out["loss"].detach() * y.shape[0],
+                out["output"],
+                hard_labels(y),
+                {k: v for k, v in out.items() if k not in ("loss", "output")},
+            )
         if self.clip_params:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients; step() does not unscale twice
             torch.nn.utils.clip_grad_norm_(self.clip_params, self.clip)

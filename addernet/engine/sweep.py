@@ -6,6 +6,7 @@ the entry point returns instead of exiting, so the next job runs; after the swee
 :func:`sweep_exit_code` (the largest failed job's code, 0 when all succeeded). Outside a multirun it
 does nothing and the entry point exits at once as usual.
 """
+
 import os
 
 from hydra.core.hydra_config import HydraConfig
@@ -20,8 +21,10 @@ def record_failure(message, code):
         return False
     hc = HydraConfig.get()
     line = f"job {hc.job.num} ({' '.join(hc.overrides.task)}): exit code {code}: {message}\n"
-    for path, text in ((os.path.join(hc.runtime.output_dir, "error.txt"), f"exit code {code}\n{message}\n"),
-                       (os.path.join(hc.sweep.dir, "failures.log"), line)):
+    for path, text in (
+        (os.path.join(hc.runtime.output_dir, "error.txt"), f"exit code {code}\n{message}\n"),
+        (os.path.join(hc.sweep.dir, "failures.log"), line),
+    ):
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             with open(path, "a") as f:

@@ -7,6 +7,7 @@ logger.wandb.mode=online. Both get the same scalars as TensorBoard (same names, 
 and the resolved config; a resumed run continues its MLflow run (found by its run-dir tag) and its W&B run
 (its id is derived from the run dir).
 """
+
 import hashlib
 import os
 
@@ -21,14 +22,17 @@ def selected(cfg):
     names = list(node.keys()) if node is not None else ["tensorboard"]
     unknown = [n for n in names if n not in TRACKERS]
     if unknown:
-        raise ConfigError(f"unknown logger {unknown[0]!r}; choose logger=<one of {', '.join(TRACKERS)}> or a list, "
-                          f"e.g. logger=[tensorboard,mlflow].")
+        raise ConfigError(
+            f"unknown logger {unknown[0]!r}; choose logger=<one of {', '.join(TRACKERS)}> or a list, "
+            f"e.g. logger=[tensorboard,mlflow]."
+        )
     return names
 
 
 def _missing(name, package):
-    return ConfigError(f"logger={name} needs the optional package {package}: pip install {package} (or drop it "
-                       f"from logger=).")
+    return ConfigError(
+        f"logger={name} needs the optional package {package}: pip install {package} (or drop it from logger=)."
+    )
 
 
 class MLflowTracker:
@@ -44,10 +48,14 @@ class MLflowTracker:
         mlflow.set_tracking_uri(uri)
         experiment = mlflow.set_experiment(node.get("experiment") or "addernet")
         tag = os.path.abspath(run_dir)
-        found = mlflow.search_runs([experiment.experiment_id], filter_string=f"tags.run_dir = '{tag}'",
-                                   output_format="list")
-        self.run = mlflow.start_run(run_id=found[0].info.run_id if found else None,
-                                    run_name=None if found else os.path.basename(run_dir), tags={"run_dir": tag})
+        found = mlflow.search_runs(
+            [experiment.experiment_id], filter_string=f"tags.run_dir = '{tag}'", output_format="list"
+        )
+        self.run = mlflow.start_run(
+            run_id=found[0].info.run_id if found else None,
+            run_name=None if found else os.path.basename(run_dir),
+            tags={"run_dir": tag},
+        )
         if not found:
             mlflow.log_params(hparams)
             mlflow.log_dict(config, "config.yaml")
@@ -68,9 +76,15 @@ class WandbTracker:
         except ImportError:
             raise _missing("wandb", "wandb") from None
         run_id = hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:16]
-        self.run = wandb.init(project=node.get("project") or "addernet", mode=node.get("mode") or "offline",
-                              dir=run_dir, id=run_id, resume="allow", name=os.path.basename(run_dir),
-                              config={"hparams": hparams, **config})
+        self.run = wandb.init(
+            project=node.get("project") or "addernet",
+            mode=node.get("mode") or "offline",
+            dir=run_dir,
+            id=run_id,
+            resume="allow",
+            name=os.path.basename(run_dir),
+            config={"hparams": hparams, **config},
+        )
 
     def log(self, scalars, step):
         self.run.log(scalars, step=step)

@@ -4,6 +4,7 @@ any network made of adder layers: `torchvision` (any torchvision classifier, add
 In the paper's models the first convolution and the classifier are multiplicative; every other
 convolution (shortcut projections included) is the body layer chosen by `layer`, followed by BN.
 """
+
 import importlib
 import inspect
 import pkgutil
@@ -48,8 +49,9 @@ def build_model(name, layer="adder", num_classes=10, in_channels=None, **options
     accepted = set(inspect.signature(fn).parameters) - {"layer", "num_classes", "in_channels"}
     unknown = sorted(set(options) - accepted)
     if unknown:
-        raise ValueError(f"model {name!r} has no option {', '.join(unknown)} (its options: "
-                         f"{', '.join(sorted(accepted)) or 'none'})")
+        raise ValueError(
+            f"model {name!r} has no option {', '.join(unknown)} (its options: {', '.join(sorted(accepted)) or 'none'})"
+        )
     return fn(layer=layer, num_classes=num_classes, in_channels=in_channels or default_in, **options)
 
 
@@ -57,13 +59,32 @@ def model_from_config(cfg):
     """The model of cfg.model for the dataset of cfg.data (ConfigError on a bad name or form)."""
     options = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k not in ("name", "layer")}
     try:
-        return build_model(cfg.model.name, layer=cfg.model.layer, num_classes=int(cfg.data.num_classes),
-                           in_channels=int(cfg.data.in_channels), **options)
+        return build_model(
+            cfg.model.name,
+            layer=cfg.model.layer,
+            num_classes=int(cfg.data.num_classes),
+            in_channels=int(cfg.data.in_channels),
+            **options,
+        )
     except (KeyError, ValueError, TypeError) as e:
         msg = e.args[0] if e.args else e
-        raise ConfigError(f"cannot build model.name={cfg.model.name!r} (model.layer={cfg.model.layer}): {msg}. "
-                          f"Pick a model with model=<name> (configs/model/).") from None
+        raise ConfigError(
+            f"cannot build model.name={cfg.model.name!r} (model.layer={cfg.model.layer}): {msg}. "
+            f"Pick a model with model=<name> (configs/model/)."
+        ) from None
 
 
-__all__ = ["MODELS", "LAYERS", "NATIVE_DATA", "AdderAttention", "AdderizeReport", "adderize", "build_model",
-           "list_models", "model_from_config", "register_model", "torchvision_model", "vit"]
+__all__ = [
+    "MODELS",
+    "LAYERS",
+    "NATIVE_DATA",
+    "AdderAttention",
+    "AdderizeReport",
+    "adderize",
+    "build_model",
+    "list_models",
+    "model_from_config",
+    "register_model",
+    "torchvision_model",
+    "vit",
+]

@@ -19,6 +19,7 @@ Rules (docs/any_network.md):
   otherwise: "warn" (default), "error" (ValueError), "insert" (the layer becomes ``nn.Sequential(adder, norm)``
   with BatchNorm2d after an Adder2d, LayerNorm after an AdderLinear) or "ignore".
 """
+
 import dataclasses
 import fnmatch
 import warnings
@@ -37,15 +38,18 @@ MISSING_NORM = ("warn", "error", "insert", "ignore")
 @dataclasses.dataclass
 class AdderizeReport:
     """What ``adderize`` did: module names, each list in registration order."""
-    replaced: list = dataclasses.field(default_factory=list)      # (name, "Conv2d -> Adder2d")
-    kept: list = dataclasses.field(default_factory=list)          # (name, reason): candidates left multiplicative
-    skipped: list = dataclasses.field(default_factory=list)       # (name, reason): candidates that cannot convert
+
+    replaced: list = dataclasses.field(default_factory=list)  # (name, "Conv2d -> Adder2d")
+    kept: list = dataclasses.field(default_factory=list)  # (name, reason): candidates left multiplicative
+    skipped: list = dataclasses.field(default_factory=list)  # (name, reason): candidates that cannot convert
     missing_norm: list = dataclasses.field(default_factory=list)  # adder layers that feed no normalisation layer
-    inserted: list = dataclasses.field(default_factory=list)      # adder layers given a norm (missing_norm="insert")
+    inserted: list = dataclasses.field(default_factory=list)  # adder layers given a norm (missing_norm="insert")
 
     def __str__(self):
-        lines = [f"adderize: {len(self.replaced)} layer(s) replaced, {len(self.kept)} kept, "
-                 f"{len(self.skipped)} skipped, {len(self.missing_norm)} without a norm"]
+        lines = [
+            f"adderize: {len(self.replaced)} layer(s) replaced, {len(self.kept)} kept, "
+            f"{len(self.skipped)} skipped, {len(self.missing_norm)} without a norm"
+        ]
         lines += [f"  replaced {n}: {what}" for n, what in self.replaced]
         lines += [f"  kept     {n}: {why}" for n, why in self.kept]
         lines += [f"  skipped  {n}: {why}" for n, why in self.skipped]
@@ -74,8 +78,17 @@ def _adder_for(module):
     padding = _same_padding(module) if isinstance(module.padding, str) else module.padding
     if padding is None:
         return None, f"padding={module.padding!r} is asymmetric here (Adder2d takes integer padding)"
-    return Adder2d(module.in_channels, module.out_channels, module.kernel_size, stride=module.stride,
-                   padding=padding, dilation=module.dilation, groups=module.groups, bias=bias, **factory), None
+    return Adder2d(
+        module.in_channels,
+        module.out_channels,
+        module.kernel_size,
+        stride=module.stride,
+        padding=padding,
+        dilation=module.dilation,
+        groups=module.groups,
+        bias=bias,
+        **factory,
+    ), None
 
 
 def _matches(name, patterns):
@@ -84,23 +97,31 @@ def _matches(name, patterns):
 
 def _compute_leaves(model):
     """Leaf modules in registration order, without the pass-through ones (Identity, Dropout)."""
-    return [(n, m) for n, m in model.named_modules()
-            if not any(True for _ in m.children()) and not isinstance(m, PASS_THROUGH)]
+    return [
+        (n, m)
+        for n, m in model.named_modules()
+        if not any(True for _ in m.children()) and not isinstance(m, PASS_THROUGH)
+    ]
 
 
 def adder_layers_without_norm(model):
     """Names of the adder layers (Adder2d, AdderLinear) whose next computing module is not a normalisation layer."""
     leaves = _compute_leaves(model)
-    return [n for i, (n, m) in enumerate(leaves)
-            if isinstance(m, ADDER_MODULES) and not (i + 1 < len(leaves) and isinstance(leaves[i + 1][1], NORM_TYPES))]
+    return [
+        n
+        for i, (n, m) in enumerate(leaves)
+        if isinstance(m, ADDER_MODULES) and not (i + 1 < len(leaves) and isinstance(leaves[i + 1][1], NORM_TYPES))
+    ]
 
 
 def adderize(model, keep_first=True, keep_last=True, linear=False, include=None, exclude=(), missing_norm="warn"):
     """Replace the nn.Conv2d (and with ``linear=True`` the nn.Linear) layers of ``model`` by Adder2d (AdderLinear)
     in place; returns an AdderizeReport. Arguments and rules: the module docstring and docs/any_network.md."""
     if not isinstance(model, nn.Module) or isinstance(model, (nn.Conv2d, nn.Linear)):
-        raise TypeError(f"adderize needs a network (an nn.Module containing layers), got {type(model).__name__}; "
-                        "for a single layer build Adder2d / AdderLinear directly")
+        raise TypeError(
+            f"adderize needs a network (an nn.Module containing layers), got {type(model).__name__}; "
+            "for a single layer build Adder2d / AdderLinear directly"
+        )
     if missing_norm not in MISSING_NORM:
         raise ValueError(f"adderize missing_norm={missing_norm!r} is not valid; use one of {', '.join(MISSING_NORM)}")
     include = [include] if isinstance(include, str) else include
@@ -115,9 +136,15 @@ def adderize(model, keep_first=True, keep_last=True, linear=False, include=None,
             continue
         if include is not None and not _matches(name, include):
             continue
-        reason = ("the first convolution (keep_first=True)" if keep_first and name == first else
-                  "the classifier, the last layer (keep_last=True)" if keep_last and name == last else
-                  "matches exclude" if _matches(name, exclude) else None)
+        reason = (
+            "the first convolution (keep_first=True)"
+            if keep_first and name == first
+            else "the classifier, the last layer (keep_last=True)"
+            if keep_last and name == last
+            else "matches exclude"
+            if _matches(name, exclude)
+            else None
+        )
         if reason:
             report.kept.append((name, reason))
             continue
@@ -132,21 +159,29 @@ def adderize(model, keep_first=True, keep_last=True, linear=False, include=None,
     report.missing_norm = [n for n in adder_layers_without_norm(model) if n in converted]
     if report.missing_norm and missing_norm != "ignore":
         listed = ", ".join(report.missing_norm[:4]) + (", ..." if len(report.missing_norm) > 4 else "")
-        msg = (f"adderize: {len(report.missing_norm)} adder layer(s) feed no normalisation layer ({listed}). Adder "
-               "outputs are large and all negative (-sum|x - w|), so without BatchNorm/LayerNorm after them the "
-               "network does not train (it stays at chance accuracy)")
+        msg = (
+            f"adderize: {len(report.missing_norm)} adder layer(s) feed no normalisation layer ({listed}). Adder "
+            "outputs are large and all negative (-sum|x - w|), so without BatchNorm/LayerNorm after them the "
+            "network does not train (it stays at chance accuracy)"
+        )
         if missing_norm == "error":
             raise ValueError(msg + "; add a norm after each, or call adderize(..., missing_norm='insert').")
         if missing_norm == "warn":
-            warnings.warn(msg + "; pass missing_norm='insert' to add one, 'error' to stop, 'ignore' to silence.",
-                          UserWarning, stacklevel=2)
+            warnings.warn(
+                msg + "; pass missing_norm='insert' to add one, 'error' to stop, 'ignore' to silence.",
+                UserWarning,
+                stacklevel=2,
+            )
         else:
             modules = dict(model.named_modules())
             for name in report.missing_norm:
                 layer = modules[name]
                 factory = {"device": layer.weight.device, "dtype": layer.weight.dtype}
-                norm = (nn.BatchNorm2d(layer.out_channels, **factory) if isinstance(layer, Adder2d)
-                        else nn.LayerNorm(layer.out_features, **factory))
+                norm = (
+                    nn.BatchNorm2d(layer.out_channels, **factory)
+                    if isinstance(layer, Adder2d)
+                    else nn.LayerNorm(layer.out_features, **factory)
+                )
                 model.set_submodule(name, nn.Sequential(layer, norm))
                 report.inserted.append(name)
     return report
@@ -160,7 +195,10 @@ def check_supported(model, what):
         if isinstance(m, AdderLinear) or isinstance(m, AdderAttention) and (m.scores == "l1" or m.value == "adder"):
             found.setdefault(type(m).__name__, []).append(name)
     if found:
-        kinds = "; ".join(f"{kind} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-                          for kind, names in found.items())
-        raise ConfigError(f"{what} does not support {', '.join(found)} layers yet: {kinds}. It handles Adder2d layers "
-                          f"(the paper's models, model=torchvision); evaluate this model unquantised / in PyTorch.")
+        kinds = "; ".join(
+            f"{kind} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" for kind, names in found.items()
+        )
+        raise ConfigError(
+            f"{what} does not support {', '.join(found)} layers yet: {kinds}. It handles Adder2d layers "
+            f"(the paper's models, model=torchvision); evaluate this model unquantised / in PyTorch."
+        )

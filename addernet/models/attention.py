@@ -14,6 +14,7 @@ output is large and negative; proj="linear" uses nn.Linear without it), A V kept
 gradient HardTanh(q - k) (key_grad="hardtanh"; "full" gives them the adder-weight gradient q - k).
 With scores="dot", identity="none", proj="linear" this is ordinary multi-head self-attention.
 """
+
 import math
 
 import torch
@@ -42,11 +43,16 @@ def projection(dim_in, dim_out, kind):
 class AdderAttention(nn.Module):
     """Self-attention over x (B, N, dim) -> (B, N, dim); the switches are the module docstring's."""
 
-    def __init__(self, dim, heads=4, scores="l1", identity="add", value="product", proj="adder", tau=None,
-                 key_grad="hardtanh"):
+    def __init__(
+        self, dim, heads=4, scores="l1", identity="add", value="product", proj="adder", tau=None, key_grad="hardtanh"
+    ):
         super().__init__()
-        for name, v, allowed in (("scores", scores, SCORES), ("identity", identity, IDENTITY),
-                                 ("value", value, VALUES), ("key_grad", key_grad, KEY_GRADS)):
+        for name, v, allowed in (
+            ("scores", scores, SCORES),
+            ("identity", identity, IDENTITY),
+            ("value", value, VALUES),
+            ("key_grad", key_grad, KEY_GRADS),
+        ):
             _choice(name, v, allowed)
         if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1 or dim % heads:
             raise ValueError(f"AdderAttention heads={heads!r} must be a positive int dividing dim={dim}")
@@ -77,5 +83,7 @@ class AdderAttention(nn.Module):
         return self.out(o.transpose(1, 2).reshape(b, n, h * dh))
 
     def extra_repr(self):
-        return (f"heads={self.heads}, head_dim={self.head_dim}, scores={self.scores}, tau={self.tau:g}, "
-                f"identity={self.identity}, value={self.value}, key_grad={self.key_grad}")
+        return (
+            f"heads={self.heads}, head_dim={self.head_dim}, scores={self.scores}, tau={self.tau:g}, "
+            f"identity={self.identity}, value={self.value}, key_grad={self.key_grad}"
+        )

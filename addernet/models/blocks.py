@@ -1,4 +1,5 @@
 """Residual blocks shared by the CIFAR and ImageNet ResNets (official AdderNet module names)."""
+
 import torch.nn as nn
 
 
@@ -56,8 +57,9 @@ def make_stage(conv, block, inplanes, planes, blocks, stride=1):
     """A stage of `blocks` blocks; a 1x1 body-conv + BN shortcut only where the shape changes."""
     downsample = None
     if stride != 1 or inplanes != planes * block.expansion:
-        downsample = nn.Sequential(conv(inplanes, planes * block.expansion, 1, stride=stride),
-                                   nn.BatchNorm2d(planes * block.expansion))
+        downsample = nn.Sequential(
+            conv(inplanes, planes * block.expansion, 1, stride=stride), nn.BatchNorm2d(planes * block.expansion)
+        )
     layers = [block(conv, inplanes, planes, stride, downsample)]
     layers += [block(conv, planes * block.expansion, planes) for _ in range(1, blocks)]
     return nn.Sequential(*layers)

@@ -1,4 +1,5 @@
 """The one switch between an AdderNet and its CNN twin: which layer the body convolutions use."""
+
 import torch.nn as nn
 
 from ..ops import Adder2d
@@ -13,8 +14,10 @@ def body_conv(layer):
     since every body convolution is followed by BatchNorm.
     """
     if layer not in LAYERS:
-        raise ValueError(f"unknown layer {layer!r}: use one of {', '.join(LAYERS)} "
-                         "(override with model.layer=adder or model.layer=conv)")
+        raise ValueError(
+            f"unknown layer {layer!r}: use one of {', '.join(LAYERS)} "
+            "(override with model.layer=adder or model.layer=conv)"
+        )
     cls = Adder2d if layer == "adder" else nn.Conv2d
 
     def make(in_channels, out_channels, kernel_size, stride=1, padding=0):

@@ -4,6 +4,7 @@ Input is the native 1x28x28 MNIST image; conv1 pads by 2, which is exactly the c
 zero-padded 32x32 input (so the maps are 6x28x28 -> 14x14 -> 16x10x10 -> 5x5 as in LeNet-5).
 conv1 and the fully connected layers (400-120-84-classes) stay multiplicative; conv2 is the body.
 """
+
 import torch.nn as nn
 
 from .layers import body_conv, init_weights

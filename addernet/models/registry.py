@@ -5,6 +5,7 @@ A model is one module whose constructor is decorated with ``@register_model(name
 which ``build_model`` passes through). The constructor is called as
 ``fn(layer=..., num_classes=..., in_channels=..., **options)``.
 """
+
 from ..registry import registrar
 
 MODELS = {}
@@ -14,6 +15,7 @@ _put = registrar(MODELS, "model")
 def register_model(name, dataset=None, in_channels=3):
     """Decorator adding a model constructor to MODELS; ``dataset`` is the family it is made for (CIFAR, MNIST,
     ImageNet; None for a model made for any input) and ``in_channels`` its default input channels."""
+
     def add(fn):
         _put(name)((fn, dataset, in_channels))
         return fn

@@ -7,6 +7,7 @@ stay multiplicative in both forms.
 The official AdderNet code and checkpoints: Copyright (C) 2020 Huawei Technologies Co., Ltd., BSD 3-Clause
 (the notice is in LICENSE).
 """
+
 import torch.nn as nn
 
 from .blocks import BasicBlock, make_stage

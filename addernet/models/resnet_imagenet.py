@@ -8,6 +8,7 @@ official code) is the same recipe with basic blocks.
 The official AdderNet code and checkpoints: Copyright (C) 2020 Huawei Technologies Co., Ltd., BSD 3-Clause
 (the notice is in LICENSE).
 """
+
 import torch.nn as nn
 
 from .blocks import BasicBlock, Bottleneck, make_stage

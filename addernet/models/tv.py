@@ -5,6 +5,7 @@ convolution is rebuilt for ``in_channels`` when that is not 3; with ``layer="add
 (adderize.py) and with ``layer="conv"`` it stays as torchvision builds it: the CNN twin, with the same module
 names and shapes.
 """
+
 import difflib
 
 import torch.nn as nn
@@ -26,29 +27,55 @@ def _first_conv_for(model, in_channels):
         raise ValueError(f"in_channels={in_channels}: this network has no nn.Conv2d stem to adapt; use 3-channel data")
     if conv.groups != 1:
         raise ValueError(f"in_channels={in_channels}: the stem {name} is a grouped convolution; use 3-channel data")
-    new = nn.Conv2d(in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride, padding=conv.padding,
-                    dilation=conv.dilation, bias=conv.bias is not None, padding_mode=conv.padding_mode)
+    new = nn.Conv2d(
+        in_channels,
+        conv.out_channels,
+        conv.kernel_size,
+        stride=conv.stride,
+        padding=conv.padding,
+        dilation=conv.dilation,
+        bias=conv.bias is not None,
+        padding_mode=conv.padding_mode,
+    )
     model.set_submodule(name, new)
 
 
 @register_model("torchvision")
-def torchvision_model(layer="adder", num_classes=10, in_channels=3, arch="resnet18", keep_first=True,
-                      keep_last=True, linear=False, include=None, exclude=(), missing_norm="warn"):
+def torchvision_model(
+    layer="adder",
+    num_classes=10,
+    in_channels=3,
+    arch="resnet18",
+    keep_first=True,
+    keep_last=True,
+    linear=False,
+    include=None,
+    exclude=(),
+    missing_norm="warn",
+):
     """torchvision.models.<arch>(weights=None, num_classes=num_classes), adderized when layer="adder";
     keep_first / keep_last / linear / include / exclude / missing_norm are adderize's switches."""
     builders = classification_builders()
     if arch not in builders:
         close = difflib.get_close_matches(str(arch), builders, n=3)
-        raise ValueError(f"model.arch={arch!r} is not a torchvision classification model"
-                         + (f" (did you mean {', '.join(close)}?)" if close else "")
-                         + "; any name of torchvision.models.list_models(module=torchvision.models) works")
+        raise ValueError(
+            f"model.arch={arch!r} is not a torchvision classification model"
+            + (f" (did you mean {', '.join(close)}?)" if close else "")
+            + "; any name of torchvision.models.list_models(module=torchvision.models) works"
+        )
     if layer not in ("adder", "conv"):
         raise ValueError(f"unknown layer {layer!r}: use model.layer=adder or model.layer=conv")
     model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
     if in_channels != 3:
         _first_conv_for(model, in_channels)
     if layer == "adder":
-        model.adderize_report = adderize(model, keep_first=keep_first, keep_last=keep_last, linear=linear,
-                                         include=None if include is None else list(include),
-                                         exclude=list(exclude or ()), missing_norm=missing_norm)
+        model.adderize_report = adderize(
+            model,
+            keep_first=keep_first,
+            keep_last=keep_last,
+            linear=linear,
+            include=None if include is None else list(include),
+            exclude=list(exclude or ()),
+            missing_norm=missing_norm,
+        )
     return model

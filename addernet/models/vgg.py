@@ -4,6 +4,7 @@ Six 3x3 layers 128,128 / 256,256 / 512,512, each with BN + ReLU, a 2x2 max-pool 
 and one linear classifier on the 512x4x4 map. As in the LQ-Nets code, the second layer of a pair
 is pooled before its BN + ReLU. conv0 and the classifier stay multiplicative in both forms.
 """
+
 import torch.nn as nn
 
 from .layers import body_conv, init_weights

@@ -1,8 +1,8 @@
 """A small vision transformer (``model=vit``): adder form (AdderLinear and adder attention) and its twin.
 
-    patches: Conv2d(in, width, patch_size, stride=patch_size) + learned position embedding   (multiplicative stem)
-    depth x  x = x + Attention(LN(x));  x = x + MLP(LN(x))                                     (pre-norm blocks)
-    head:    LN, mean over the tokens, nn.Linear(width, num_classes)                           (multiplicative classifier)
+    patches: Conv2d(in, width, patch_size, stride=patch_size) + learned position embedding  (multiplicative)
+    depth x  x = x + Attention(LN(x));  x = x + MLP(LN(x))                                    (pre-norm blocks)
+    head:    LN, mean over the tokens, nn.Linear(width, num_classes)                          (multiplicative)
 
 layer="adder": AdderAttention with the given switches (attention.py) and an MLP of AdderLinear layers, each
 followed by a LayerNorm (mlp="linear" keeps the MLP multiplicative). layer="conv": the ordinary ViT with the
@@ -10,6 +10,7 @@ same sizes (dot-product attention, nn.Linear projections and MLP, no identity, n
 attention switches are then ignored. Patch and classifier stay multiplicative in both, as the paper keeps the
 first convolution and the classifier of its CNNs. Sizes and the choices that are ours: docs/any_network.md.
 """
+
 import torch
 import torch.nn as nn
 
@@ -33,8 +34,9 @@ class Block(nn.Module):
 
 
 class ViT(nn.Module):
-    def __init__(self, num_classes, in_channels, image_size, patch_size, width, depth, heads, mlp_ratio,
-                 attention, mlp):
+    def __init__(
+        self, num_classes, in_channels, image_size, patch_size, width, depth, heads, mlp_ratio, attention, mlp
+    ):
         super().__init__()
         self.patch = nn.Conv2d(in_channels, width, patch_size, stride=patch_size)
         self.pos = nn.Parameter(torch.zeros(1, (image_size // patch_size) ** 2, width))
@@ -46,8 +48,10 @@ class ViT(nn.Module):
     def forward(self, x):
         x = self.patch(x).flatten(2).transpose(1, 2)  # B, N, width
         if x.shape[1] != self.pos.shape[1]:
-            raise ValueError(f"vit was built for {self.pos.shape[1]} patches (model.image_size) but the input gives "
-                             f"{x.shape[1]}; set model.image_size to the data's image size")
+            raise ValueError(
+                f"vit was built for {self.pos.shape[1]} patches (model.image_size) but the input gives "
+                f"{x.shape[1]}; set model.image_size to the data's image size"
+            )
         x = self.blocks(x + self.pos)
         return self.head(self.norm(x).mean(1))
 
@@ -58,16 +62,38 @@ def _positive(name, v):
 
 
 @register_model("vit")
-def vit(layer="adder", num_classes=10, in_channels=3, image_size=32, patch_size=4, width=64, depth=4, heads=4,
-        mlp_ratio=2.0, scores="l1", tau=None, identity="add", value="product", key_grad="hardtanh", proj="adder",
-        mlp="adder"):
+def vit(
+    layer="adder",
+    num_classes=10,
+    in_channels=3,
+    image_size=32,
+    patch_size=4,
+    width=64,
+    depth=4,
+    heads=4,
+    mlp_ratio=2.0,
+    scores="l1",
+    tau=None,
+    identity="add",
+    value="product",
+    key_grad="hardtanh",
+    proj="adder",
+    mlp="adder",
+):
     """The ViT of this module; see the module docstring for what `layer` and the switches select."""
-    for name, v in (("image_size", image_size), ("patch_size", patch_size), ("width", width), ("depth", depth),
-                    ("heads", heads)):
+    for name, v in (
+        ("image_size", image_size),
+        ("patch_size", patch_size),
+        ("width", width),
+        ("depth", depth),
+        ("heads", heads),
+    ):
         _positive(name, v)
     if image_size % patch_size:
-        raise ValueError(f"model.patch_size={patch_size} must divide the image size {image_size} "
-                         "(e.g. patch_size=4 or 7 for 28x28, 4 or 8 for 32x32)")
+        raise ValueError(
+            f"model.patch_size={patch_size} must divide the image size {image_size} "
+            "(e.g. patch_size=4 or 7 for 28x28, 4 or 8 for 32x32)"
+        )
     if width % heads:
         raise ValueError(f"model.heads={heads} must divide model.width={width}")
     if not mlp_ratio > 0:

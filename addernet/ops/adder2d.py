@@ -20,6 +20,7 @@ exact because zero padding counts as X = 0. fast and eager are torch.library cus
 torch.compile treats them as opaque calls. Argument checks, output size and compute dtype are
 shared by all of them (conv_args.py); the backend table is BACKENDS below.
 """
+
 import contextlib
 import functools
 import os
@@ -40,8 +41,11 @@ def _cpu_kernels():
         cpu.available()
         return cpu
     except build.BuildError as e:
-        warnings.warn(f"addernet: fast CPU adder kernel unavailable ({e}); using the slower eager "
-                      "PyTorch kernel (install a C compiler or set CC to enable it)", RuntimeWarning)
+        warnings.warn(
+            f"addernet: fast CPU adder kernel unavailable ({e}); using the slower eager "
+            "PyTorch kernel (install a C compiler or set CC to enable it)",
+            RuntimeWarning,
+        )
         return eager
 
 
@@ -55,8 +59,10 @@ def _cuda_kernels():
         reason = "Triton reports it unavailable"
     except ImportError as e:
         reason = str(e)
-    warnings.warn(f"addernet: Triton adder kernel unavailable ({reason}); using the slower eager "
-                  "PyTorch kernel on CUDA", RuntimeWarning)
+    warnings.warn(
+        f"addernet: Triton adder kernel unavailable ({reason}); using the slower eager PyTorch kernel on CUDA",
+        RuntimeWarning,
+    )
     return eager
 
 
@@ -71,8 +77,15 @@ def _kernels(device, backend):
 
 
 @torch.library.custom_op("addernet::adder2d_forward", mutates_args=())
-def _forward_op(x: torch.Tensor, weight: torch.Tensor, stride: list[int], padding: list[int],
-                dilation: list[int], groups: int, backend: str) -> torch.Tensor:
+def _forward_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    backend: str,
+) -> torch.Tensor:
     y = _kernels(x.device, backend).forward(x, weight, tuple(stride), tuple(padding), tuple(dilation), groups)
     return y.to(x.dtype).contiguous()
 
@@ -83,10 +96,19 @@ def _(x, weight, stride, padding, dilation, groups, backend):
 
 
 @torch.library.custom_op("addernet::adder2d_grad_input", mutates_args=())
-def _grad_input_op(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, stride: list[int],
-                   padding: list[int], dilation: list[int], groups: int, backend: str) -> torch.Tensor:
-    gx = _kernels(x.device, backend).grad_input(x, weight, grad_out, tuple(stride), tuple(padding),
-                                                tuple(dilation), groups)
+def _grad_input_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    grad_out: torch.Tensor,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    backend: str,
+) -> torch.Tensor:
+    gx = _kernels(x.device, backend).grad_input(
+        x, weight, grad_out, tuple(stride), tuple(padding), tuple(dilation), groups
+    )
     return gx.to(x.dtype).contiguous()
 
 
@@ -99,8 +121,9 @@ def grad_weight(x, weight, grad_out, stride, padding, dilation, groups):
     """dL/dW = sum g*(X - W) = conv weight-gradient(X, g) - W * sum_{n,y,x} g (fp32 for half inputs)."""
     dt = compute_dtype(x.dtype)
     x, w, g = x.to(dt), weight.to(dt), grad_out.to(dt)
-    gw = torch.ops.aten.convolution_backward(g, x, w, None, list(stride), list(padding), list(dilation),
-                                             False, [0, 0], groups, [False, True, False])[1]
+    gw = torch.ops.aten.convolution_backward(
+        g, x, w, None, list(stride), list(padding), list(dilation), False, [0, 0], groups, [False, True, False]
+    )[1]
     return (gw - w * g.sum((0, 2, 3)).view(-1, 1, 1, 1)).to(weight.dtype)
 
 
@@ -191,8 +214,20 @@ class Adder2d(nn.Module):
     starts at zero. Only padding_mode='zeros' exists (zero padding counts as input 0).
     """
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=False, padding_mode="zeros", device=None, dtype=None):
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride=1,
+        padding=0,
+        dilation=1,
+        groups=1,
+        bias=False,
+        padding_mode="zeros",
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         if padding_mode != "zeros":
             raise ValueError(f"Adder2d only supports padding_mode='zeros', got {padding_mode!r}")
@@ -205,8 +240,7 @@ class Adder2d(nn.Module):
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
         self.padding, self.dilation = padding_arg(padding), _pair(dilation)
-        check_args(kernel_size=self.kernel_size, stride=self.stride, padding=self.padding,
-                   dilation=self.dilation)
+        check_args(kernel_size=self.kernel_size, stride=self.stride, padding=self.padding, dilation=self.dilation)
         self.padding_mode = padding_mode
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size, **factory))

@@ -13,6 +13,7 @@ Gradients, with g = dL/dS:
              = sum_i g_ij * (q_i - k_j)           key_grad="full"      (k treated as an adder weight, Eq. 5)
 Which of the two the keys get is our choice, not the paper's (docs/any_network.md).
 """
+
 import torch
 
 from .adder2d import _backend, _forward_op, _grad_input_op, grad_weight
@@ -77,14 +78,18 @@ def l1_scores(q, k, key_grad="hardtanh"):
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)) or q.dim() < 2 or k.dim() < 2:
         raise ValueError("l1_scores expects tensors q (..., Nq, d) and k (..., Nk, d)")
     if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"l1_scores: q {tuple(q.shape)} and k {tuple(k.shape)} must share their leading "
-                         "dimensions and their last (feature) dimension")
+        raise ValueError(
+            f"l1_scores: q {tuple(q.shape)} and k {tuple(k.shape)} must share their leading "
+            "dimensions and their last (feature) dimension"
+        )
     if q.device.type != "meta" and torch.is_autocast_enabled(q.device.type):
         dt = torch.get_autocast_dtype(q.device.type)
         q, k = q.to(dt), k.to(dt)
     if not q.is_floating_point() or q.dtype != k.dtype or q.device != k.device:
-        raise TypeError(f"l1_scores needs q and k of one float dtype on one device, got {q.dtype} on {q.device} "
-                        f"and {k.dtype} on {k.device}")
+        raise TypeError(
+            f"l1_scores needs q and k of one float dtype on one device, got {q.dtype} on {q.device} "
+            f"and {k.dtype} on {k.device}"
+        )
     lead, (nq, d), nk = q.shape[:-2], q.shape[-2:], k.shape[-2]
     backend = _backend()
     backend = "eager" if backend == "reference" else backend

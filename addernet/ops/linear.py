@@ -8,6 +8,7 @@ precision (paper Eq. 5) and dL/dx = sum g * HardTanh(W - x) (Eq. 7). The M = pro
 are laid out as a few images of M / P pixels each (a strided view), and nothing of size M x out x in is
 ever materialised.
 """
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -18,24 +19,28 @@ from .adder2d import adder2d
 def adder_linear(input, weight, bias=None):
     """Functional AdderLinear: input (..., in), weight (out, in), bias (out,) or None -> (..., out)."""
     if not isinstance(input, torch.Tensor) or input.dim() < 1:
-        raise ValueError(f"adder_linear expects an input of shape (..., in_features), got "
-                         f"{tuple(input.shape) if isinstance(input, torch.Tensor) else type(input).__name__}")
+        raise ValueError(
+            f"adder_linear expects an input of shape (..., in_features), got "
+            f"{tuple(input.shape) if isinstance(input, torch.Tensor) else type(input).__name__}"
+        )
     if weight.dim() != 2:
         raise ValueError(f"adder_linear expects a 2-D weight (out_features, in_features), got {tuple(weight.shape)}")
     out_f, in_f = weight.shape
     if input.shape[-1] != in_f:
-        raise ValueError(f"adder_linear: input has {input.shape[-1]} features in its last dimension (shape "
-                         f"{tuple(input.shape)}) but the weight expects in_features={in_f}")
+        raise ValueError(
+            f"adder_linear: input has {input.shape[-1]} features in its last dimension (shape "
+            f"{tuple(input.shape)}) but the weight expects in_features={in_f}"
+        )
     lead, x = input.shape[:-1], input.reshape(-1, in_f)
     m = x.shape[0]
     # P images of L pixels (P = CPU threads, so the kernels' per-image split keeps every thread busy): fewer,
     # larger images run faster than M images of one pixel; the zero rows padded to P*L get no gradient
     p = max(1, min(torch.get_num_threads(), m))
-    l = -(-m // p)
-    if p * l != m:
-        x = F.pad(x, (0, 0, 0, p * l - m))
-    y = adder2d(x.view(p, l, in_f).transpose(1, 2).unsqueeze(-1), weight.view(out_f, in_f, 1, 1), bias)
-    return y.squeeze(-1).transpose(1, 2).reshape(p * l, out_f)[:m].view(*lead, out_f)
+    length = -(-m // p)
+    if p * length != m:
+        x = F.pad(x, (0, 0, 0, p * length - m))
+    y = adder2d(x.view(p, length, in_f).transpose(1, 2).unsqueeze(-1), weight.view(out_f, in_f, 1, 1), bias)
+    return y.squeeze(-1).transpose(1, 2).reshape(p * length, out_f)[:m].view(*lead, out_f)
 
 
 class AdderLinear(nn.Module):
@@ -67,4 +72,3 @@ class AdderLinear(nn.Module):
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-

@@ -3,6 +3,7 @@
 It materialises an N x G x Cout/G x Cin/G*kh*kw x L tensor, so it is slow and memory-hungry;
 it exists as the ground truth for tests and benchmarks, not as the default path.
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -40,8 +41,7 @@ class ReferenceAdder2dFunction(torch.autograd.Function):
         grad_w = (g * diff).sum((0, 4)).reshape_as(weight)
         grad_cols = (g * (-diff).clamp(-1, 1)).sum(2)  # N,G,K,L
         grad_cols = grad_cols.reshape(x.shape[0], groups * w.shape[-1], grad_cols.shape[-1])
-        grad_x = F.fold(grad_cols, x.shape[-2:], weight.shape[-2:], dilation=dilation, padding=padding,
-                        stride=stride)
+        grad_x = F.fold(grad_cols, x.shape[-2:], weight.shape[-2:], dilation=dilation, padding=padding, stride=stride)
         return grad_x, grad_w, None, None, None, None
 
 

@@ -6,6 +6,7 @@ the layer's backward, once per call; here it runs once per optimizer step on the
 gradient (summed over every use of the layer, every accumulated micro-batch and, under DDP,
 after the all-reduce), so weight sharing, gradient accumulation and multi-GPU are right.
 """
+
 import math
 import numbers
 
@@ -31,8 +32,10 @@ class AdaptiveLR:
         if not isinstance(model, nn.Module):
             raise TypeError(f"AdaptiveLR needs the model (an nn.Module), got {type(model).__name__}.")
         if isinstance(eta, bool) or not isinstance(eta, numbers.Real) or not math.isfinite(eta) or eta <= 0:
-            raise ValueError(f"AdaptiveLR: eta must be a finite number > 0 (the paper and the official "
-                             f"code use 0.2; set adaptive_lr.eta), got {eta!r}.")
+            raise ValueError(
+                f"AdaptiveLR: eta must be a finite number > 0 (the paper and the official "
+                f"code use 0.2; set adaptive_lr.eta), got {eta!r}."
+            )
         self.eta = float(eta)
         # Unwrap DDP / DataParallel / torch.compile so names are the same however the model runs.
         while True:

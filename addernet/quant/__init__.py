@@ -6,6 +6,7 @@ cli (what test.py and the scripts call), onnx (export with standard operators), 
 integer network: integer activations between adder layers, one kernel call), inference
 (load_quantized(path): the module to run a quantised checkpoint with).
 """
+
 from .cli import calibration_loader, quantize_for_eval
 from .convert import check_quant_config, prepare_quantized, quant_summary, quantize_model
 from .format import is_quantized_state, load_quantized_into, save_quantized
@@ -13,6 +14,18 @@ from .inference import inference_model, load_quantized
 from .intnet import IntegerResNet
 from .qadder import QAdder2d
 
-__all__ = ["IntegerResNet", "QAdder2d", "calibration_loader", "check_quant_config", "inference_model",
-           "is_quantized_state", "load_quantized", "load_quantized_into", "prepare_quantized", "quant_summary",
-           "quantize_for_eval", "quantize_model", "save_quantized"]
+__all__ = [
+    "IntegerResNet",
+    "QAdder2d",
+    "calibration_loader",
+    "check_quant_config",
+    "inference_model",
+    "is_quantized_state",
+    "load_quantized",
+    "load_quantized_into",
+    "prepare_quantized",
+    "quant_summary",
+    "quantize_for_eval",
+    "quantize_model",
+    "save_quantized",
+]

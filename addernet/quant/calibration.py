@@ -5,6 +5,7 @@ whole input tensor of the layer (the k-th smallest |x|, k = ceil(quantile * nume
 max of these over the batches, floored at `floor`. The code's alpha = 0.9997 is applied twice, so its
 effective quantile is 0.9997^2 = 0.99940, our default.
 """
+
 import logging
 import math
 
@@ -35,6 +36,7 @@ def activation_ranges(model, loader, quantile, floor=1e-3, progress=True):
             ranges[name] = max(ranges.get(name, floor), value)
             if name not in negative and bool((args[0] < 0).any()):
                 negative.append(name)
+
         return observe
 
     for name, m in model.named_modules():
@@ -54,8 +56,10 @@ def activation_ranges(model, loader, quantile, floor=1e-3, progress=True):
         model.train(was_training)
     log.info("calibration: activation ranges of %d adder layer(s) from %d image(s)", len(hooks), seen)
     if negative:
-        raise NegativeInput(f"adder layer(s) {', '.join(negative)} receive negative inputs; the quantiser here "
-                            f"is unsigned (inputs after a ReLU), a signed quantiser is not implemented")
+        raise NegativeInput(
+            f"adder layer(s) {', '.join(negative)} receive negative inputs; the quantiser here "
+            f"is unsigned (inputs after a ReLU), a signed quantiser is not implemented"
+        )
     return ranges
 
 

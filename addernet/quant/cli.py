@@ -8,6 +8,7 @@ BatchNorm is re-estimated on the same images *with* the training augmentation
 (quant.bn_augment=true, as the code): measured on the official ResNet-20, re-estimating it on
 un-augmented images costs about 2 points at 8 bits (docs/quantization.md).
 """
+
 import torch
 from omegaconf import OmegaConf
 from torch.utils.data import Subset
@@ -16,8 +17,18 @@ from ..data import DataError, build_dataset, build_loader, build_transform
 from ..errors import ConfigError
 from .convert import check_quant_config, quant_summary, quantize_model
 
-SETTINGS = ("bits", "groups", "grouping", "calib_images", "calib_augment", "act_quantile", "bn_recalib",
-            "bn_augment", "bn_momentum", "seed")
+SETTINGS = (
+    "bits",
+    "groups",
+    "grouping",
+    "calib_images",
+    "calib_augment",
+    "act_quantile",
+    "bn_recalib",
+    "bn_augment",
+    "bn_momentum",
+    "seed",
+)
 
 
 def calibration_loader(cfg, augment=None):
@@ -27,19 +38,24 @@ def calibration_loader(cfg, augment=None):
     try:
         dataset = build_dataset(cfg.data, "train")
     except DataError as e:
-        raise ConfigError(f"quant.bits={q.bits} calibrates on the training split of data={cfg.data.name}, which "
-                          f"cannot be loaded: {e} Point data.root (or data.train_dir) at it, or evaluate a quantised "
-                          f"checkpoint written by scripts/quantize.py.") from None
+        raise ConfigError(
+            f"quant.bits={q.bits} calibrates on the training split of data={cfg.data.name}, which "
+            f"cannot be loaded: {e} Point data.root (or data.train_dir) at it, or evaluate a quantised "
+            f"checkpoint written by scripts/quantize.py."
+        ) from None
     if len(dataset) == 0:
-        raise ConfigError(f"quant.bits={q.bits}: the training split of data={cfg.data.name} is empty; nothing to "
-                          f"calibrate on.")
+        raise ConfigError(
+            f"quant.bits={q.bits}: the training split of data={cfg.data.name} is empty; nothing to calibrate on."
+        )
     if not (q.calib_augment if augment is None else augment):
         dataset.transform = build_transform(cfg.data, "val")
     n, batch = min(int(q.calib_images), len(dataset)), int(q.calib_batch_size)
     if q.bn_recalib and (n == 1 or batch == 1):
-        raise ConfigError(f"quant.calib_images={q.calib_images} and quant.calib_batch_size={batch} (training split: "
-                          f"{len(dataset)} images): the BatchNorm re-estimation (quant.bn_recalib=true) needs "
-                          f"batches of at least 2 images; use at least 2 of each, or quant.bn_recalib=false.")
+        raise ConfigError(
+            f"quant.calib_images={q.calib_images} and quant.calib_batch_size={batch} (training split: "
+            f"{len(dataset)} images): the BatchNorm re-estimation (quant.bn_recalib=true) needs "
+            f"batches of at least 2 images; use at least 2 of each, or quant.bn_recalib=false."
+        )
     if n % batch == 1:
         n -= 1  # a last batch of one image: BatchNorm in training mode cannot use it, so it is left out
     pick = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(int(q.seed)))[:n]
@@ -65,8 +81,10 @@ def quantize_for_eval(model, cfg, device=None):
         asked = {k: q.get(k) for k in ("bits", "groups")} if q is not None and q.get("bits") is not None else {}
         for key, want in asked.items():
             if want != stored[key]:
-                raise ConfigError(f"the checkpoint is already quantised with {key}={stored[key]}, but quant.{key}="
-                                  f"{want} was asked; drop the quant.* overrides or pass the float checkpoint.")
+                raise ConfigError(
+                    f"the checkpoint is already quantised with {key}={stored[key]}, but quant.{key}="
+                    f"{want} was asked; drop the quant.* overrides or pass the float checkpoint."
+                )
         return model, {**stored, "calibrated": "stored in the checkpoint"}
     if q is None or q.get("bits") is None:
         return model, None

@@ -6,6 +6,7 @@
 3. optionally re-estimate BatchNorm with the quantised model over the same images.
 Everything else (stem convolution, classifier, BatchNorm, pooling) stays float, as in the code.
 """
+
 import torch
 
 from ..errors import CheckpointError, ConfigError
@@ -21,8 +22,10 @@ def check_quant_config(q):
     """Validate the quant.* keys quantize_model uses (ConfigError naming the key and the fix)."""
     bits = q.get("bits")
     if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 16:
-        raise ConfigError(f"quant.bits={bits!r} is not supported: use an integer from 2 to 16 (e.g. quant.bits=8), "
-                          f"or quant.bits=null for the float model.")
+        raise ConfigError(
+            f"quant.bits={bits!r} is not supported: use an integer from 2 to 16 (e.g. quant.bits=8), "
+            f"or quant.bits=null for the float model."
+        )
     for key, low in (("groups", 1), ("calib_images", 1), ("calib_batch_size", 1)):
         v = q.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
@@ -51,8 +54,10 @@ def replace_module(model, name, new):
 def quantize_layer(adder, act_range, bits, n_groups, grouping="kmeans", seed=0, kernel="auto"):
     """QAdder2d for one float Adder2d with calibrated activation range `act_range`."""
     if adder.bias is not None:
-        raise ConfigError("adder layers with a bias are not supported by the quantiser (every body layer "
-                          "here is bias-free, followed by BatchNorm)")
+        raise ConfigError(
+            "adder layers with a bias are not supported by the quantiser (every body layer "
+            "here is bias-free, followed by BatchNorm)"
+        )
     w = adder.weight.detach().float()
     group = group_filters(w, n_groups, grouping, seed)
     scale = group_scales(w, group, n_groups, act_range)
@@ -73,19 +78,26 @@ def quantize_model(model, loader, cfg, bn_loader=None):
     check_supported(model, "quantisation")
     layers = adder_layers(model)
     if not layers:
-        raise ConfigError(f"{type(model).__name__} has no adder layers to quantise (model.layer=conv?); "
-                          f"drop quant.bits or evaluate an AdderNet.")
+        raise ConfigError(
+            f"{type(model).__name__} has no adder layers to quantise (model.layer=conv?); "
+            f"drop quant.bits or evaluate an AdderNet."
+        )
     for name, m in layers:
         if cfg.groups > m.out_channels:
-            raise ConfigError(f"quant.groups={cfg.groups} is more than the {m.out_channels} filters of adder layer "
-                              f"{name}; use quant.groups <= {min(x.out_channels for _, x in layers)}.")
+            raise ConfigError(
+                f"quant.groups={cfg.groups} is more than the {m.out_channels} filters of adder layer "
+                f"{name}; use quant.groups <= {min(x.out_channels for _, x in layers)}."
+            )
     try:
         ranges = activation_ranges(model, loader, float(cfg.act_quantile), float(cfg.act_range_floor))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     for name, m in layers:
-        replace_module(model, name, quantize_layer(m, ranges[name], int(cfg.bits), int(cfg.groups),
-                                                   cfg.grouping, int(cfg.seed), cfg.kernel))
+        replace_module(
+            model,
+            name,
+            quantize_layer(m, ranges[name], int(cfg.bits), int(cfg.groups), cfg.grouping, int(cfg.seed), cfg.kernel),
+        )
     if cfg.bn_recalib:
         recalibrate_bn(model, bn_loader or loader, None if cfg.bn_momentum is None else float(cfg.bn_momentum))
     return model
@@ -96,16 +108,18 @@ def prepare_quantized(model, state, kernel="auto", source="checkpoint"):
 
     Raises a one-line CheckpointError when the quantised layers do not match the model's adder layers.
     """
-    names = sorted(k[:-len(".qweight")] for k in state if k.endswith(".qweight"))
+    names = sorted(k[: -len(".qweight")] for k in state if k.endswith(".qweight"))
     layers = dict(adder_layers(model))
-    if sorted(layers) != names or any(tuple(state[f"{n}.qweight"].shape) != tuple(layers[n].weight.shape)
-                                      for n in names):
-        raise CheckpointError(f"{source} is a quantised checkpoint of {len(names)} adder layers that do not match "
-                              f"the {len(layers)} adder layers of the model built ({type(model).__name__}); evaluate "
-                              f"it with the model it was quantised from (drop model= overrides).")
+    if sorted(layers) != names or any(
+        tuple(state[f"{n}.qweight"].shape) != tuple(layers[n].weight.shape) for n in names
+    ):
+        raise CheckpointError(
+            f"{source} is a quantised checkpoint of {len(names)} adder layers that do not match "
+            f"the {len(layers)} adder layers of the model built ({type(model).__name__}); evaluate "
+            f"it with the model it was quantised from (drop model= overrides)."
+        )
     for n in names:
-        replace_module(model, n, QAdder2d.like(layers[n], int(state[f"{n}.bits"]), state[f"{n}.scale"].numel(),
-                                               kernel))
+        replace_module(model, n, QAdder2d.like(layers[n], int(state[f"{n}.bits"]), state[f"{n}.scale"].numel(), kernel))
     return model
 
 

@@ -7,6 +7,7 @@ no initialisation, no seed, no local optimum. kmeans_sklearn: the code's k-means
 (scikit-learn, an optional extra), seeded. Either way groups are then numbered by ascending max |w|
 (the code's k-means is unseeded and its labels are unordered), so runs are reproducible.
 """
+
 import numpy as np
 import torch
 
@@ -48,8 +49,10 @@ def _kmeans_sklearn(values, k, seed):
     try:
         from sklearn.cluster import KMeans
     except ImportError:
-        raise ImportError("quant.grouping=kmeans_sklearn needs scikit-learn (pip install -r "
-                          "requirements-extras.txt), or use quant.grouping=kmeans") from None
+        raise ImportError(
+            "quant.grouping=kmeans_sklearn needs scikit-learn (pip install -r "
+            "requirements-extras.txt), or use quant.grouping=kmeans"
+        ) from None
     v = np.asarray(values, dtype=np.float64).reshape(-1, 1)
     km = KMeans(n_clusters=k, init="k-means++", n_init=1, max_iter=300, tol=1e-4, random_state=seed).fit(v)
     labels = km.labels_

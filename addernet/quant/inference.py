@@ -8,6 +8,7 @@ activations between adder layers, one kernel call for the body) on CPU for the C
 the layer-by-layer QAdder2d model otherwise; "integer" requires the integer network (an error where
 it does not apply); "layers" always runs the QAdder2d model.
 """
+
 from ..checkpoint import CheckpointError, load_checkpoint
 from ..errors import ConfigError
 from ..models import build_model
@@ -48,7 +49,11 @@ def load_quantized(path, runtime="auto"):
     if not isinstance(model_cfg, dict) or "name" not in model_cfg:
         raise CheckpointError(f"{path} stores no model config (config.model.name); write it with scripts/quantize.py.")
     data_cfg = config.get("data") or {}
-    model = build_model(model_cfg["name"], layer=model_cfg.get("layer", "adder"),
-                        num_classes=int(data_cfg.get("num_classes", 10)), in_channels=data_cfg.get("in_channels"))
+    model = build_model(
+        model_cfg["name"],
+        layer=model_cfg.get("layer", "adder"),
+        num_classes=int(data_cfg.get("num_classes", 10)),
+        in_channels=data_cfg.get("in_channels"),
+    )
     model, _ = load_quantized_into(model.eval(), path, ckpt=ckpt)
     return inference_model(model.eval(), runtime)[0]

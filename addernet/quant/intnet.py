@@ -102,7 +102,7 @@ class _Layer:
         self.tile_plane = torch.tensor(tile_plane, dtype=torch.int64)
         firsts = []
         for b in range(len(tile_plane)):
-            t = slots[b * ot:(b + 1) * ot]
+            t = slots[b * ot : (b + 1) * ot]
             firsts.append(t[0] if t[0] >= 0 and t == list(range(t[0], t[0] + ot)) else -1)
         self.tile_first = torch.tensor(firsts, dtype=torch.int64)
         self.alpha = torch.where(real, alpha[chan.clamp(min=0)], 0.0).contiguous()
@@ -198,8 +198,11 @@ class IntegerResNet(nn.Module):
             n = act.c * act.h * act.w
             act.float_buf = (1 if act is last else new_buf(4 * n, at)) if act.needs_float else None
             act.planes = {s: new_buf(elem * n, at) for s in act.scales}
-            return (-1 if act.float_buf is None else act.float_buf, [act.planes[s] for s in act.scales],
-                    [lv / s for s in act.scales])
+            return (
+                -1 if act.float_buf is None else act.float_buf,
+                [act.planes[s] for s in act.scales],
+                [lv / s for s in act.scales],
+            )
 
         entry = self._entry_act
         entry.h, entry.w = h, w
@@ -207,8 +210,23 @@ class IntegerResNet(nn.Module):
         k, shift = _bn_affine(self._stem_bn)
         alpha, beta = k.contiguous(), shift.contiguous()
         out_buf, q_bufs, invs = outputs(entry, 0)
-        ops.append(dict(kind=int_cpu.OP_ENTRY, C=entry.c, H=h, W=w, O=entry.c, in_buf=0, out_buf=out_buf,
-                        res_buf=-1, relu=1, q=q_bufs, inv=invs, alpha=alpha, beta=beta))
+        ops.append(
+            dict(
+                kind=int_cpu.OP_ENTRY,
+                C=entry.c,
+                H=h,
+                W=w,
+                O=entry.c,
+                in_buf=0,
+                out_buf=out_buf,
+                res_buf=-1,
+                relu=1,
+                q=q_bufs,
+                inv=invs,
+                alpha=alpha,
+                beta=beta,
+            )
+        )
         for i, (layer, src, dst, res, relu) in enumerate(steps, start=1):
             q = layer.q
             (kh, kw), (sh, sw), (ph, pw) = q.kernel_size, q.stride, q.padding
@@ -222,27 +240,74 @@ class IntegerResNet(nn.Module):
             if res is not None:
                 use(res.float_buf, i)
             out_buf, q_bufs, invs = outputs(dst, i)
-            ops.append(dict(kind=int_cpu.OP_ADDER, C=src.c, H=src.h, W=src.w, O=layer.o, kh=kh, kw=kw, sh=sh, sw=sw,
-                            ph=ph, pw=pw, Ho=ho, Wo=wo, Kp=layer.kp, n_tiles=len(layer.tile_plane),
-                            n_planes=len(planes), in_buf=planes[0], in_planes=torch.tensor(planes, dtype=torch.int64),
-                            out_buf=out_buf,
-                            res_buf=-1 if res is None else res.float_buf, relu=int(relu), q=q_bufs, inv=invs,
-                            w=layer.w, tile_plane=layer.tile_plane, tile_first=layer.tile_first, chan=layer.chan,
-                            alpha=layer.alpha, beta=layer.beta))
+            ops.append(
+                dict(
+                    kind=int_cpu.OP_ADDER,
+                    C=src.c,
+                    H=src.h,
+                    W=src.w,
+                    O=layer.o,
+                    kh=kh,
+                    kw=kw,
+                    sh=sh,
+                    sw=sw,
+                    ph=ph,
+                    pw=pw,
+                    Ho=ho,
+                    Wo=wo,
+                    Kp=layer.kp,
+                    n_tiles=len(layer.tile_plane),
+                    n_planes=len(planes),
+                    in_buf=planes[0],
+                    in_planes=torch.tensor(planes, dtype=torch.int64),
+                    out_buf=out_buf,
+                    res_buf=-1 if res is None else res.float_buf,
+                    relu=int(relu),
+                    q=q_bufs,
+                    inv=invs,
+                    w=layer.w,
+                    tile_plane=layer.tile_plane,
+                    tile_first=layer.tile_first,
+                    chan=layer.chan,
+                    alpha=layer.alpha,
+                    beta=layer.beta,
+                )
+            )
         offsets, rows_off = _assign(bufs)
         max_rows = max((o["n_planes"] * o["Kp"] for o in ops if o["kind"] == int_cpu.OP_ADDER), default=0)
         ws_bytes = rows_off + 2 * max_rows * elem + 64  # PT = 2 rows per plane
         c_ops = (int_cpu.IntnetOp * len(ops))()
         keep = []
         for co, o in zip(c_ops, ops):
-            for name in ("kind", "C", "H", "W", "O", "kh", "kw", "sh", "sw", "ph", "pw", "Ho", "Wo", "Kp", "n_tiles",
-                         "n_planes", "out_buf", "res_buf", "relu"):
+            for name in (
+                "kind",
+                "C",
+                "H",
+                "W",
+                "O",
+                "kh",
+                "kw",
+                "sh",
+                "sw",
+                "ph",
+                "pw",
+                "Ho",
+                "Wo",
+                "Kp",
+                "n_tiles",
+                "n_planes",
+                "out_buf",
+                "res_buf",
+                "relu",
+            ):
                 setattr(co, name, int(o.get(name, 0)))
             co.in_buf = o["in_buf"]
             co.n_q, co.lv = len(o["q"]), lv
             if co.n_q > int_cpu.MAX_OUTPUTS:
-                raise ValueError(f"an activation is read at {co.n_q} scales; the integer network handles at most "
-                                 f"{int_cpu.MAX_OUTPUTS}")
+                raise ValueError(
+                    f"an activation is read at {co.n_q} scales; the integer network handles at most "
+                    f"{int_cpu.MAX_OUTPUTS}"
+                )
             for j, (b, inv) in enumerate(zip(o["q"], o["inv"])):
                 co.q_buf[j], co.inv[j] = b, inv
             for name in ("w", "in_planes", "tile_plane", "tile_first", "chan", "alpha", "beta"):

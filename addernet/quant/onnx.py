@@ -9,6 +9,7 @@ The integer sums are exact in float32 (below 2^24), so the result equals the int
 the last rounding. The batch dimension is dynamic. The TorchScript-based exporter is used
 (torch.onnx.export(dynamo=False)): the newer exporter needs the onnxscript package.
 """
+
 import copy
 import warnings
 
@@ -114,8 +115,15 @@ def export_onnx(model, path, example, opset=17):
     ready = onnx_ready(model)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter (see the docstring)
-        torch.onnx.export(ready, (example,), str(path), dynamo=False, opset_version=int(opset),
-                          input_names=["images"], output_names=["logits"],
-                          dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
+        torch.onnx.export(
+            ready,
+            (example,),
+            str(path),
+            dynamo=False,
+            opset_version=int(opset),
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}},
+        )
     onnx.checker.check_model(onnx.load(str(path)), full_check=True)
     return path

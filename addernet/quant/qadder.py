@@ -14,6 +14,7 @@ Forward, per group g (inputs after a ReLU, so q_a >= 0):
   float ("fake", any device): y = adder2d(x_hat, w_hat) + beta on the dequantised tensors.
 Both give the same values up to float rounding; "auto" picks int on CPU when the kernel builds.
 """
+
 import functools
 import warnings
 
@@ -34,14 +35,18 @@ def _int_kernel():
         int_cpu.available()
         return int_cpu
     except build.BuildError as e:
-        warnings.warn(f"addernet: integer adder kernel unavailable ({e}); quantised layers compute in float "
-                      "(the same values up to rounding)", RuntimeWarning)
+        warnings.warn(
+            f"addernet: integer adder kernel unavailable ({e}); quantised layers compute in float "
+            "(the same values up to rounding)",
+            RuntimeWarning,
+        )
         return None
 
 
 class QAdder2d(nn.Module):
-    def __init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bits,
-                 n_groups, kernel="auto"):
+    def __init__(
+        self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bits, n_groups, kernel="auto"
+    ):
         super().__init__()
         if kernel not in KERNELS:
             raise ValueError(f"quant.kernel={kernel!r}: choose one of {', '.join(KERNELS)}")
@@ -59,15 +64,25 @@ class QAdder2d(nn.Module):
     @classmethod
     def like(cls, adder, bits, n_groups, kernel="auto"):
         """An empty quantised twin of Adder2d `adder` (same geometry), to be filled or loaded."""
-        return cls(adder.in_channels, adder.out_channels, adder.kernel_size, adder.stride, adder.padding,
-                   adder.dilation, adder.groups, bits, n_groups, kernel)
+        return cls(
+            adder.in_channels,
+            adder.out_channels,
+            adder.kernel_size,
+            adder.stride,
+            adder.padding,
+            adder.dilation,
+            adder.groups,
+            bits,
+            n_groups,
+            kernel,
+        )
 
     def _blocks(self):
         """(group, filter indices, input-channel slice) per quant group and conv group with members."""
         cg, og = self.in_channels // self.groups, self.out_channels // self.groups
         for g in range(self.scale.numel()):
             for h in range(self.groups):
-                idx = torch.nonzero(self.group[h * og:(h + 1) * og] == g).flatten() + h * og
+                idx = torch.nonzero(self.group[h * og : (h + 1) * og] == g).flatten() + h * og
                 if idx.numel():
                     yield g, idx, slice(h * cg, (h + 1) * cg)
 
@@ -99,8 +114,9 @@ class QAdder2d(nn.Module):
     def _use_int(self, x):
         if self.kernel == "fake" or x.device.type != "cpu":
             if self.kernel == "int":
-                raise RuntimeError("quant.kernel=int runs on CPU only; use quant.kernel=auto or fake on "
-                                   f"{x.device.type}")
+                raise RuntimeError(
+                    f"quant.kernel=int runs on CPU only; use quant.kernel=auto or fake on {x.device.type}"
+                )
             return False
         return _int_kernel() is not None
 
@@ -110,7 +126,10 @@ class QAdder2d(nn.Module):
         use_int = self._use_int(x)
         conf = (self.stride, self.padding, self.dilation)
         if self.kernel_size == (1, 1) and self.padding == (0, 0) and self.stride != (1, 1):
-            x, conf = x[:, :, ::self.stride[0], ::self.stride[1]], ((1, 1), (0, 0), (1, 1))  # quantise only what is read
+            x, conf = (
+                x[:, :, :: self.stride[0], :: self.stride[1]],
+                ((1, 1), (0, 0), (1, 1)),
+            )  # quantise only what is read
         lane = torch.uint8 if bits <= 8 else torch.uint16
         outs = []
         for s, idx, chans, w_int, c, u, packed in self._plan():
@@ -131,6 +150,8 @@ class QAdder2d(nn.Module):
         return y
 
     def extra_repr(self):
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-                f"padding={self.padding}, bits={int(self.bits)}, groups_of_filters={self.scale.numel()}, "
-                f"kernel={self.kernel}")
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"padding={self.padding}, bits={int(self.bits)}, groups_of_filters={self.scale.numel()}, "
+            f"kernel={self.kernel}"
+        )

@@ -9,6 +9,7 @@ Weights beyond A are first clamped to [-A, A] with the bias term beta = -sum max
 3b), exact for |x| <= A because |x - w| = |x - sign(w) A| + (|w| - A). Rounding is torch.round (half to
 even) everywhere; the same expressions serve the float (fake-quantised) and the integer paths.
 """
+
 import torch
 
 
@@ -27,7 +28,8 @@ def group_scales(weight, group, n_groups, act_range):
     """s_g = min(A, max |W_g|) for every group g (floored at 1e-8 so an all-zero group stays finite)."""
     peak = weight.abs().flatten(1).amax(1)
     max_abs = torch.zeros(n_groups, dtype=weight.dtype, device=weight.device).scatter_reduce(
-        0, group, peak, reduce="amax", include_self=False)
+        0, group, peak, reduce="amax", include_self=False
+    )
     return max_abs.clamp(max=float(act_range)).clamp(min=1e-8)
 
 

@@ -4,6 +4,7 @@
 with ``@register_task(name)``), or a dotted path ``package.module.ClassName`` to any TrainingTask subclass
 (a method kept outside the package).
 """
+
 import importlib
 import pkgutil
 
@@ -28,8 +29,10 @@ def task_class(name):
     except (ImportError, AttributeError):
         cls = None
     if not (isinstance(cls, type) and issubclass(cls, TrainingTask)):
-        raise ConfigError(f"task.name={name!r} is not a training task; choose task=<one of "
-                          f"{', '.join(TASKS)}> or give the dotted path of a TrainingTask subclass.")
+        raise ConfigError(
+            f"task.name={name!r} is not a training task; choose task=<one of "
+            f"{', '.join(TASKS)}> or give the dotted path of a TrainingTask subclass."
+        )
     return cls
 
 
@@ -40,5 +43,15 @@ def build_task(model, cfg):
     return cls(model, cfg.task, student)
 
 
-__all__ = ["TASKS", "ClassificationTask", "KDTask", "PKKDTask", "Student", "TrainingTask", "build_task", "register_task",
-           "task_class", "unwrap"]
+__all__ = [
+    "TASKS",
+    "ClassificationTask",
+    "KDTask",
+    "PKKDTask",
+    "Student",
+    "TrainingTask",
+    "build_task",
+    "register_task",
+    "task_class",
+    "unwrap",
+]

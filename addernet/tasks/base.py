@@ -7,6 +7,7 @@ that it goes into the optimizer and DDP), and what else to evaluate every epoch.
 scalar in the returned dict is averaged over the epoch and logged as ``train_<name>`` in
 metrics.jsonl, ``train/<name>`` in TensorBoard and on the epoch's log line.
 """
+
 import contextlib
 import dataclasses
 
@@ -15,9 +16,8 @@ from omegaconf import OmegaConf
 
 from ..checkpoint import load_weights
 from ..errors import ConfigError
-from ..registry import registrar
 from ..forward import autocast
-
+from ..registry import registrar
 
 TASKS = {}
 
@@ -30,7 +30,7 @@ register_task = registrar(TASKS, "task")
 class Student:
     """What a training method is told about the student and its data, instead of the whole config."""
 
-    model: dict        # the student's model config (name, layer, options): a teacher of its architecture, a twin
+    model: dict  # the student's model config (name, layer, options): a teacher of its architecture, a twin
     data_name: str
     num_classes: int
     in_channels: int
@@ -39,14 +39,27 @@ class Student:
     @classmethod
     def from_config(cls, cfg):
         d = cfg.data
-        return cls(OmegaConf.to_container(cfg.model, resolve=True), str(d.name), int(d.num_classes),
-                   int(d.in_channels), int(d.image_size))
+        return cls(
+            OmegaConf.to_container(cfg.model, resolve=True),
+            str(d.name),
+            int(d.num_classes),
+            int(d.in_channels),
+            int(d.image_size),
+        )
 
     def config_for(self, model):
         """The config model_from_config builds ``model`` (a model config dict) from, for the student's data."""
-        return OmegaConf.create({"model": dict(model), "data": {"name": self.data_name, "num_classes": self.num_classes,
-                                                                "in_channels": self.in_channels,
-                                                                "image_size": self.image_size}})
+        return OmegaConf.create(
+            {
+                "model": dict(model),
+                "data": {
+                    "name": self.data_name,
+                    "num_classes": self.num_classes,
+                    "in_channels": self.in_channels,
+                    "image_size": self.image_size,
+                },
+            }
+        )
 
 
 class TrainingTask(nn.Module):
@@ -136,8 +149,10 @@ class TrainingTask(nn.Module):
         """Load a checkpoint's ``task`` field (CheckpointError/ConfigError naming ``source`` when it does not fit)."""
         modules = self.extra_modules()
         if set(state) != set(modules):
-            raise ConfigError(f"{source} holds task state for {sorted(state)} but task={self.cfg.get('name')} "
-                              f"owns {sorted(modules)}; resume with the run's own task settings.")
+            raise ConfigError(
+                f"{source} holds task state for {sorted(state)} but task={self.cfg.get('name')} "
+                f"owns {sorted(modules)}; resume with the run's own task settings."
+            )
         for name, module in modules.items():
             load_weights(module, state[name], source=f"{source} (task module {name!r})")
 

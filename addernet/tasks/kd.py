@@ -9,6 +9,7 @@ under no_grad, on the same augmented batch and in the same autocast dtype as the
 trainable parameters and is never in the optimizer. Its validation accuracy is reported every epoch
 (``teacher_val_top1``); parts: ``ce``, ``kd`` (the T^2-scaled KL), ``teacher_top1`` (train batches).
 """
+
 import logging
 
 import torch
@@ -16,8 +17,8 @@ import torch.nn.functional as F
 
 from ..checks import number
 from ..data.mix import hard_labels
-from ..forward import logits_and_loss
 from ..errors import ConfigError
+from ..forward import logits_and_loss
 from .base import TrainingTask, register_task
 from .teacher import load_teacher
 
@@ -27,8 +28,16 @@ log = logging.getLogger("addernet.train")
 def kd_term(student_logits, teacher_logits, temperature):
     """T^2 * KL(softmax(z_t / T) || softmax(z_s / T)), averaged over the batch (gradient only via z_s)."""
     t = float(temperature)
-    return F.kl_div(F.log_softmax(student_logits / t, dim=1), F.log_softmax(teacher_logits.detach() / t, dim=1),
-                    log_target=True, reduction="batchmean") * t * t
+    return (
+        F.kl_div(
+            F.log_softmax(student_logits / t, dim=1),
+            F.log_softmax(teacher_logits.detach() / t, dim=1),
+            log_target=True,
+            reduction="batchmean",
+        )
+        * t
+        * t
+    )
 
 
 def batch_top1(logits, target):
@@ -46,8 +55,10 @@ def check_teacher_path(cfg, allowed=()):
         return
     if not isinstance(teacher, str) or not teacher.strip():
         extra = "".join(f" or task.teacher={a}" for a in allowed)
-        raise ConfigError(f"task.teacher is not set; give the teacher checkpoint: task.teacher=PATH{extra} (e.g. the "
-                          f"CNN twin's <run dir>/checkpoints/best.pt).")
+        raise ConfigError(
+            f"task.teacher is not set; give the teacher checkpoint: task.teacher=PATH{extra} (e.g. the "
+            f"CNN twin's <run dir>/checkpoints/best.pt)."
+        )
 
 
 @register_task("kd")
@@ -77,5 +88,10 @@ class KDTask(TrainingTask):
         logits, ce = logits_and_loss(self.net, images, target, self.amp, label_smoothing=self.label_smoothing)
         kd = kd_term(logits, teacher_logits, self.cfg.temperature)
         alpha = float(self.cfg.alpha)
-        return {"loss": (1 - alpha) * ce + alpha * kd, "output": logits, "ce": ce.detach(), "kd": kd.detach(),
-                "teacher_top1": batch_top1(teacher_logits, target)}
+        return {
+            "loss": (1 - alpha) * ce + alpha * kd,
+            "output": logits,
+            "ce": ce.detach(),
+            "kd": kd.detach(),
+            "teacher_top1": batch_top1(teacher_logits, target),
+        }

@@ -6,6 +6,7 @@ Conv layer, Gaussian kernel: ||x - w||_2^2 = ||x||^2 + ||w||^2 - 2 <x, w>, where
 filter. Every map is N x C_out x H x W, like the layer output. Half-precision (autocast) values are computed
 in float32; float32/float64 stay as they are.
 """
+
 import torch
 import torch.nn.functional as F
 

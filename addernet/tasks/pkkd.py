@@ -17,6 +17,7 @@ come from detached running means of the distances (addernet/tasks/kernels.py), a
 torchrun so every rank uses the same widths. The adaptive LR is attached to the student model only,
 so it never touches rho or the teacher. Which choices are ours and not the paper's: docs/distillation.md.
 """
+
 import contextlib
 import logging
 
@@ -74,8 +75,11 @@ def layer_order(teacher, names, student):
     order, handles = [], []
     modules = dict(teacher.named_modules())
     for name in names:
-        handles.append(modules[name].register_forward_hook(
-            lambda m, i, o, name=name: order.append((name, tuple(o.shape[2:]))) if name not in dict(order) else None))
+        handles.append(
+            modules[name].register_forward_hook(
+                lambda m, i, o, name=name: order.append((name, tuple(o.shape[2:]))) if name not in dict(order) else None
+            )
+        )
     was_training = teacher.training
     try:
         check_teacher_fits(teacher, "(the CNN twin)", student)
@@ -94,8 +98,10 @@ def select_layers(order, which):
         return [n for i, (n, hw) in enumerate(order) if i + 1 == len(order) or order[i + 1][1] != hw]
     unknown = [n for n in which if n not in dict(order)]
     if unknown:
-        raise ConfigError(f"task.layers names {unknown} that are not adder layers of the student; use all, stage_last "
-                          f"or a list of: {', '.join(n for n, _ in order)}.")
+        raise ConfigError(
+            f"task.layers names {unknown} that are not adder layers of the student; use all, stage_last "
+            f"or a list of: {', '.join(n for n, _ in order)}."
+        )
     return [n for n, _ in order if n in set(which)]
 
 
@@ -103,20 +109,27 @@ def twin_layers(student, teacher, model_name):
     """Names of the student's adder layers, each checked to be an nn.Conv2d of the same shape in the teacher."""
     adders = [(n, m) for n, m in student.named_modules() if isinstance(m, Adder2d)]
     if not adders and any(isinstance(m, ADDER_MODULES) for m in student.modules()):
-        raise ConfigError(f"task=pkkd matches Adder2d layers with their conv twins, but the adder layers of "
-                          f"model={model_name} are AdderLinear / adder attention, which it does not distil yet; use "
-                          f"task=kd with the twin as teacher.")
+        raise ConfigError(
+            f"task=pkkd matches Adder2d layers with their conv twins, but the adder layers of "
+            f"model={model_name} are AdderLinear / adder attention, which it does not distil yet; use "
+            f"task=kd with the twin as teacher."
+        )
     if not adders:
-        raise ConfigError(f"task=pkkd needs an AdderNet student but model={model_name} has no adder layers; use "
-                          f"model.layer=adder (task=kd distils into a CNN).")
+        raise ConfigError(
+            f"task=pkkd needs an AdderNet student but model={model_name} has no adder layers; use "
+            f"model.layer=adder (task=kd distils into a CNN)."
+        )
     modules = dict(teacher.named_modules())
     keys = ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups")
     for name, adder in adders:
         conv = modules.get(name)
-        if not isinstance(conv, nn.Conv2d) or any(_as_tuple(getattr(conv, k)) != _as_tuple(getattr(adder, k))
-                                                  for k in keys):
-            raise ConfigError(f"task=pkkd: the teacher has no conv twin of the student's adder layer {name!r} (found "
-                              f"{type(conv).__name__}); the teacher must be model={model_name} model.layer=conv.")
+        if not isinstance(conv, nn.Conv2d) or any(
+            _as_tuple(getattr(conv, k)) != _as_tuple(getattr(adder, k)) for k in keys
+        ):
+            raise ConfigError(
+                f"task=pkkd: the teacher has no conv twin of the student's adder layer {name!r} (found "
+                f"{type(conv).__name__}); the teacher must be model={model_name} model.layer=conv."
+            )
     return [n for n, _ in adders]
 
 
@@ -131,8 +144,10 @@ class PKKDTask(TrainingTask):
     @classmethod
     def check_config(cls, cfg, student):
         if student.model["layer"] != "adder":
-            raise ConfigError(f"task=pkkd distils a CNN into an AdderNet, but model.layer={student.model['layer']} "
-                              f"builds no adder layers; use model.layer=adder (task=kd distils into a CNN).")
+            raise ConfigError(
+                f"task=pkkd distils a CNN into an AdderNet, but model.layer={student.model['layer']} "
+                f"builds no adder layers; use model.layer=adder (task=kd distils into a CNN)."
+            )
         check_teacher_path(cfg, allowed=(COTRAIN,))
         check_temperature(cfg)
         for key in ("kd_weight", "feature_weight"):
@@ -147,11 +162,15 @@ class PKKDTask(TrainingTask):
         choice(cfg, "rho_bias", "task.rho_bias", (True, False))
         layers = cfg.get("layers")
         if not (layers in ("all", "stage_last") or OmegaConf.is_list(layers) and len(layers) > 0):
-            raise ConfigError(f"task.layers={layers!r} is not valid; use all, stage_last or a list of adder layer "
-                              f"names, e.g. task.layers=[layer3.2.conv2].")
+            raise ConfigError(
+                f"task.layers={layers!r} is not valid; use all, stage_last or a list of adder layer "
+                f"names, e.g. task.layers=[layer3.2.conv2]."
+            )
         if cfg.teacher != COTRAIN and cfg.teacher_loss != "ce":
-            raise ConfigError(f"task.teacher_loss={cfg.teacher_loss} trains the teacher, but task.teacher="
-                              f"{cfg.teacher} is frozen; use task.teacher=cotrain or task.teacher_loss=ce.")
+            raise ConfigError(
+                f"task.teacher_loss={cfg.teacher_loss} trains the teacher, but task.teacher="
+                f"{cfg.teacher} is frozen; use task.teacher=cotrain or task.teacher_loss=ce."
+            )
 
     def __init__(self, model, cfg, student, teacher=None):
         """``teacher`` (optional) replaces the CNN twin built from the config: for programmatic use and tests."""
@@ -173,16 +192,28 @@ class PKKDTask(TrainingTask):
         order = layer_order(teacher, names, student)
         self.layers = select_layers(order, cfg.layers if isinstance(cfg.layers, str) else list(cfg.layers))
         student_modules, teacher_modules = dict(model.named_modules()), dict(teacher.named_modules())
-        self.rho = KernelHead([student_modules[n].out_channels for n in self.layers], cfg.sigma_momentum,
-                               cfg.rho_init, bool(cfg.rho_bias))
+        self.rho = KernelHead(
+            [student_modules[n].out_channels for n in self.layers], cfg.sigma_momentum, cfg.rho_init, bool(cfg.rho_bias)
+        )
         self._capturing, self._student, self._teacher = False, {}, {}
         for name in self.layers:
             student_modules[name].register_forward_hook(self._keep(self._student, name, with_input=False))
             teacher_modules[name].register_forward_hook(self._keep(self._teacher, name, with_input=True))
         self._teacher_convs = [teacher_modules[n] for n in self.layers]
-        log.info("pkkd teacher %s | %d of %d adder layers matched (%s) | kernel %s | T=%g kd_weight=%g "
-                 "feature_weight=%g sigma_scale=%g teacher_loss=%s", desc, len(self.layers), len(names), cfg.layers,
-                 cfg.kernel, cfg.temperature, cfg.kd_weight, cfg.feature_weight, cfg.sigma_scale, cfg.teacher_loss)
+        log.info(
+            "pkkd teacher %s | %d of %d adder layers matched (%s) | kernel %s | T=%g kd_weight=%g "
+            "feature_weight=%g sigma_scale=%g teacher_loss=%s",
+            desc,
+            len(self.layers),
+            len(names),
+            cfg.layers,
+            cfg.kernel,
+            cfg.temperature,
+            cfg.kd_weight,
+            cfg.feature_weight,
+            cfg.sigma_scale,
+            cfg.teacher_loss,
+        )
 
     def _keep(self, store, name, with_input):
         def hook(module, inputs, output):
@@ -191,6 +222,7 @@ class PKKDTask(TrainingTask):
                     store[name] = (inputs[0], output)
                 else:
                     store[name] = output if module.bias is None else output - module.bias.view(1, -1, 1, 1)
+
         return hook
 
     def eval_models(self):
@@ -202,8 +234,10 @@ class PKKDTask(TrainingTask):
         student = [self._student[n] for n in self.layers]
         with torch.no_grad():
             if kernel:  # squared L2 distances of the conv layers; the adder layers' L1 distances are -Y
-                teacher = [conv_sq_distance(x, y, conv) for (x, y), conv in
-                           zip((self._teacher[n] for n in self.layers), self._teacher_convs)]
+                teacher = [
+                    conv_sq_distance(x, y, conv)
+                    for (x, y), conv in zip((self._teacher[n] for n in self.layers), self._teacher_convs)
+                ]
             else:  # plain features: the raw outputs, each divided by its running mean magnitude
                 teacher = [full(self._teacher[n][1]) for n in self.layers]
             means = torch.stack([full(y).abs().mean() for y in student] + [t.abs().mean() for t in teacher])
@@ -234,7 +268,7 @@ class PKKDTask(TrainingTask):
     def forward(self, images, target):
         self._capturing = True
         try:
-            with self.autocast(), (contextlib.nullcontext() if self.cotrain else torch.no_grad()):
+            with self.autocast(), contextlib.nullcontext() if self.cotrain else torch.no_grad():
                 teacher_logits = self.extra_net("teacher")(images)
             with self.autocast():
                 logits = self.net(images)
@@ -248,8 +282,9 @@ class PKKDTask(TrainingTask):
         self._student.clear()
         self._teacher.clear()
         loss = ce + kd_weight * kd + float(self.cfg.feature_weight) * feature
-        parts.update(ce=ce.detach(), kd=kd.detach(), feature=feature.detach(),
-                     teacher_top1=batch_top1(teacher_logits, target))
+        parts.update(
+            ce=ce.detach(), kd=kd.detach(), feature=feature.detach(), teacher_top1=batch_top1(teacher_logits, target)
+        )
         if self.cotrain:
             teacher_ce = F.cross_entropy(teacher_logits, target)
             loss = loss + teacher_ce

@@ -8,6 +8,7 @@ seed (zoo files are chosen by seed, never by test accuracy), the file's sha256 a
 A zoo file is the final epoch's training checkpoint without the state that only resuming needs
 (optimizer, scheduler, RNG): :func:`inference_checkpoint`.
 """
+
 import hashlib
 import json
 from pathlib import Path

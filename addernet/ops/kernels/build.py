@@ -12,6 +12,7 @@ It is built with -fopenmp when the compiler supports it: the library then links 
 the dynamic loader hands it the copy torch already loaded, so the kernels run on torch's own
 OpenMP threads instead of a second pool that would fight torch's spin-waiting workers for the cores.
 """
+
 import ctypes
 import functools
 import hashlib

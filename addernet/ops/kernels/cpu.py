@@ -5,6 +5,7 @@ build.py): a separate pool would compete with those workers, which spin-wait aft
 op, and measured no faster than one thread. Built without OpenMP, a Python thread pool runs the
 ranges instead (ctypes releases the GIL). float16/bfloat16 are computed in float32 and cast back.
 """
+
 import ctypes
 import functools
 import os
@@ -125,8 +126,15 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups):
     gx = torch.empty(x.shape, dtype=dt)
     if gx.numel() == 0 or gk.numel() == 0:
         return gx.zero_().to(x.dtype)
-    args = (xk.data_ptr(), _arr(xk.stride()), w2.data_ptr(), gk.data_ptr(), _arr(gk.stride()),
-            gx.data_ptr(), _arr(gx.stride()), _arr(s))
-    _run("adder_grad_input", dt, args, _splits(s[0], torch.get_num_threads()),
-         gk.numel() * wk[0].numel())
+    args = (
+        xk.data_ptr(),
+        _arr(xk.stride()),
+        w2.data_ptr(),
+        gk.data_ptr(),
+        _arr(gk.stride()),
+        gx.data_ptr(),
+        _arr(gx.stride()),
+        _arr(s),
+    )
+    _run("adder_grad_input", dt, args, _splits(s[0], torch.get_num_threads()), gk.numel() * wk[0].numel())
     return gx.to(x.dtype)

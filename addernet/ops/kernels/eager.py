@@ -6,6 +6,7 @@ groups, output channels, images and output rows so that the largest temporary (t
 x - w block) has at most BUDGET elements, whatever the layer size.
 float16/bfloat16 are computed in float32 and cast back.
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -42,12 +43,13 @@ def forward(x, w, stride, padding, dilation, groups):
     cg, og = x.shape[1] // groups, w.shape[0] // groups
     y = torch.empty(x.shape[0], w.shape[0], ho, wo, dtype=dt, device=x.device)
     for g, oc, n0, n1, r0, r1, i0, i1 in _chunks(x, w, stride, dilation, groups, ho, wo):
-        cols = F.unfold(xp[n0:n1, g * cg:(g + 1) * cg, i0:i1], (kh, kw), dilation=dilation,
-                        stride=stride)  # n, K, rows*wo
+        cols = F.unfold(
+            xp[n0:n1, g * cg : (g + 1) * cg, i0:i1], (kh, kw), dilation=dilation, stride=stride
+        )  # n, K, rows*wo
         for o0 in range(0, og, oc):
-            wc = wk[g, o0:o0 + oc]
+            wc = wk[g, o0 : o0 + oc]
             d = (cols.unsqueeze(1) - wc.unsqueeze(0).unsqueeze(-1)).abs_().sum(2)
-            y[n0:n1, g * og + o0:g * og + o0 + wc.shape[0], r0:r1] = -d.view(n1 - n0, -1, r1 - r0, wo)
+            y[n0:n1, g * og + o0 : g * og + o0 + wc.shape[0], r0:r1] = -d.view(n1 - n0, -1, r1 - r0, wo)
     return y.to(x.dtype)
 
 
@@ -62,14 +64,14 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups):
     gk = grad_out.to(dt)
     cg, og = x.shape[1] // groups, w.shape[0] // groups
     for g, oc, n0, n1, r0, r1, i0, i1 in _chunks(x, w, stride, dilation, groups, ho, wo):
-        cols = F.unfold(xp[n0:n1, g * cg:(g + 1) * cg, i0:i1], (kh, kw), dilation=dilation,
-                        stride=stride)  # n, K, L
+        cols = F.unfold(xp[n0:n1, g * cg : (g + 1) * cg, i0:i1], (kh, kw), dilation=dilation, stride=stride)  # n, K, L
         acc = torch.zeros_like(cols)
         for o0 in range(0, og, oc):
-            wc = wk[g, o0:o0 + oc]  # oc, K
-            gc = gk[n0:n1, g * og + o0:g * og + o0 + wc.shape[0], r0:r1].reshape(n1 - n0, -1, 1, (r1 - r0) * wo)
+            wc = wk[g, o0 : o0 + oc]  # oc, K
+            gc = gk[n0:n1, g * og + o0 : g * og + o0 + wc.shape[0], r0:r1].reshape(n1 - n0, -1, 1, (r1 - r0) * wo)
             d = (wc.unsqueeze(0).unsqueeze(-1) - cols.unsqueeze(1)).clamp_(-1, 1)  # n, oc, K, L
             acc += (d.mul_(gc)).sum(1)
-        gp[n0:n1, g * cg:(g + 1) * cg, i0:i1] += F.fold(acc, (i1 - i0, xp.shape[3]), (kh, kw),
-                                                        dilation=dilation, stride=stride)
-    return gp[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]].contiguous().to(x.dtype)
+        gp[n0:n1, g * cg : (g + 1) * cg, i0:i1] += F.fold(
+            acc, (i1 - i0, xp.shape[3]), (kh, kw), dilation=dilation, stride=stride
+        )
+    return gp[:, :, ph : ph + x.shape[2], pw : pw + x.shape[3]].contiguous().to(x.dtype)

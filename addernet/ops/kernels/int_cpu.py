@@ -4,6 +4,7 @@ The quantised layer (addernet/quant/qadder.py) maps its activations and weights 
 integers and calls this; the batch (or, for small batches, each image's output pixels) is split
 across torch's OpenMP threads like the float kernel (cpu.py).
 """
+
 import ctypes
 import functools
 
@@ -56,18 +57,20 @@ def forward(x, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, pack
     """sum |x - w| as int32 (N, O, Ho, Wo) for x (N, C, H, W) and w (O, C/groups, kh, kw) of one
     unsigned integer dtype (uint8 or uint16); zero padding counts as 0. `packed` reuses pack_weight(w)."""
     if x.dtype not in LANES or w.dtype != x.dtype:
-        raise TypeError(f"integer adder kernel needs uint8 or uint16 input and weight of one dtype, got "
-                        f"{x.dtype} and {w.dtype}")
+        raise TypeError(
+            f"integer adder kernel needs uint8 or uint16 input and weight of one dtype, got {x.dtype} and {w.dtype}"
+        )
     if x.dim() != 4 or w.dim() != 4 or x.shape[1] != w.shape[1] * groups or w.shape[0] % groups:
-        raise ValueError(f"integer adder kernel: input {tuple(x.shape)} does not fit weight {tuple(w.shape)} "
-                         f"with groups={groups}")
+        raise ValueError(
+            f"integer adder kernel: input {tuple(x.shape)} does not fit weight {tuple(w.shape)} with groups={groups}"
+        )
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
     ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
     wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
     if ho < 1 or wo < 1:
         raise ValueError(f"integer adder kernel: padded input {h}x{wd} is smaller than the kernel {kh}x{kw}")
-    if cg * kh * kw * (2 ** (8 * LANES[x.dtype]) - 1) >= 2 ** 31:
+    if cg * kh * kw * (2 ** (8 * LANES[x.dtype]) - 1) >= 2**31:
         raise ValueError(f"integer adder kernel: K={cg * kh * kw} terms of {x.dtype} could overflow int32")
     wt, kp, opad = packed if packed is not None else pack_weight(w, groups)
     s = [n, c, h, wd, groups, cg, o // groups, kh, kw, *stride, *padding, *dilation, ho, wo, kp, opad]
@@ -81,8 +84,9 @@ def forward(x, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, pack
     else:  # small batch: split each image's output pixels instead
         ranges = [(i, i + 1, a, b) for i in range(n) for a, b in _splits(ho * wo, workers)]
     flat = [v for r in ranges for v in r]
-    status = _lib().adder_int_forward(x.data_ptr(), wt.data_ptr(), y.data_ptr(), _arr(s), LANES[x.dtype],
-                                      _arr(flat), len(ranges), workers)
+    status = _lib().adder_int_forward(
+        x.data_ptr(), wt.data_ptr(), y.data_ptr(), _arr(s), LANES[x.dtype], _arr(flat), len(ranges), workers
+    )
     if status:
         raise MemoryError("integer adder kernel could not allocate its per-image scratch buffer")
     return y
@@ -97,13 +101,44 @@ MAX_BUFFERS = 256  # adder_int.c MAXBUF
 
 class IntnetOp(ctypes.Structure):
     """One op of the integer network; field for field adder_int.c's intnet_op."""
-    _fields_ = [(n, ctypes.c_int64) for n in ("kind", "C", "H", "W", "O", "kh", "kw", "sh", "sw", "ph", "pw", "Ho",
-                                              "Wo", "Kp", "n_tiles", "n_planes", "in_buf", "out_buf", "res_buf",
-                                              "relu", "n_q", "lv")] + [
-        ("q_buf", ctypes.c_int64 * MAX_OUTPUTS), ("inv", ctypes.c_double * MAX_OUTPUTS),
-        ("w", ctypes.c_void_p), ("in_planes", ctypes.c_void_p), ("tile_plane", ctypes.c_void_p),
+
+    _fields_ = [
+        (n, ctypes.c_int64)
+        for n in (
+            "kind",
+            "C",
+            "H",
+            "W",
+            "O",
+            "kh",
+            "kw",
+            "sh",
+            "sw",
+            "ph",
+            "pw",
+            "Ho",
+            "Wo",
+            "Kp",
+            "n_tiles",
+            "n_planes",
+            "in_buf",
+            "out_buf",
+            "res_buf",
+            "relu",
+            "n_q",
+            "lv",
+        )
+    ] + [
+        ("q_buf", ctypes.c_int64 * MAX_OUTPUTS),
+        ("inv", ctypes.c_double * MAX_OUTPUTS),
+        ("w", ctypes.c_void_p),
+        ("in_planes", ctypes.c_void_p),
+        ("tile_plane", ctypes.c_void_p),
         ("tile_first", ctypes.c_void_p),
-        ("chan", ctypes.c_void_p), ("alpha", ctypes.c_void_p), ("beta", ctypes.c_void_p)]
+        ("chan", ctypes.c_void_p),
+        ("alpha", ctypes.c_void_p),
+        ("beta", ctypes.c_void_p),
+    ]
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,7 +169,20 @@ def run_network(ops, lane, x, out, buf_off, ws_bytes, rows_off, threads=None):
     n = x.shape[0]
     ws = torch.empty(nt * ws_bytes, dtype=torch.uint8)
     offs = torch.tensor(buf_off, dtype=torch.int64)
-    _net_lib().adder_intnet_forward(ctypes.addressof(ops), len(ops), LANES[lane], x.data_ptr(),
-                                    x[0].numel() if n else 0, out.data_ptr(), out[0].numel() if n else 0, n,
-                                    offs.data_ptr(), len(buf_off), ws.data_ptr(), ws_bytes, rows_off, nt)
+    _net_lib().adder_intnet_forward(
+        ctypes.addressof(ops),
+        len(ops),
+        LANES[lane],
+        x.data_ptr(),
+        x[0].numel() if n else 0,
+        out.data_ptr(),
+        out[0].numel() if n else 0,
+        n,
+        offs.data_ptr(),
+        len(buf_off),
+        ws.data_ptr(),
+        ws_bytes,
+        rows_off,
+        nt,
+    )
     return out

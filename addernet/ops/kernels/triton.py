@@ -27,6 +27,7 @@ is one saturating add and one FMA per element; sum(g) is subtracted at the end.
 Indices: pixel and channel offsets are int32 inside an image; the image base is int64, so
 tensors with more than 2**31 elements work as long as one image has fewer.
 """
+
 import inspect
 import os
 import re
@@ -57,8 +58,7 @@ def available():
 if triton is not None:
 
     @triton.jit
-    def _tile_offsets(m0, n0, RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr,
-                      LF: tl.constexpr):
+    def _tile_offsets(m0, n0, RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr, LF: tl.constexpr):
         # LF (lanes first): dims [TM, TN, RM, RN], else [RN, RM, TN, TM]; see the module docstring
         if LF:
             m = m0 + tl.arange(0, TM)[:, None, None, None] + tl.arange(0, RM)[None, None, :, None] * TM
@@ -69,12 +69,40 @@ if triton is not None:
         return m, n
 
     @triton.jit
-    def _fwd_kernel(x_ptr, w_ptr, y_ptr,
-                    M, H, W, Ho, Wo, Cg, Og, Ogp,
-                    sxn, sxc, sxh, sxw, syn, syc, syh, syw,
-                    KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-                    PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-                    RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr, LF: tl.constexpr):
+    def _fwd_kernel(
+        x_ptr,
+        w_ptr,
+        y_ptr,
+        M,
+        H,
+        W,
+        Ho,
+        Wo,
+        Cg,
+        Og,
+        Ogp,
+        sxn,
+        sxc,
+        sxh,
+        sxw,
+        syn,
+        syc,
+        syh,
+        syw,
+        KH: tl.constexpr,
+        KW: tl.constexpr,
+        SH: tl.constexpr,
+        SW: tl.constexpr,
+        PH: tl.constexpr,
+        PW: tl.constexpr,
+        DH: tl.constexpr,
+        DW: tl.constexpr,
+        RM: tl.constexpr,
+        RN: tl.constexpr,
+        TM: tl.constexpr,
+        TN: tl.constexpr,
+        LF: tl.constexpr,
+    ):
         # y[n, g*Og+o, oh, ow] = -sum_{c,i,j} |x[n, g*Cg+c, oh*SH-PH+i*DH, ow*SW-PW+j*DW] - w[g, i, j, c, o]|
         # w is pre-permuted to [G, KH, KW, Cg, Ogp] in fp32, Ogp = Og padded to a multiple of _PAD.
         BM: tl.constexpr = RM * TM
@@ -115,12 +143,47 @@ if triton is not None:
         tl.store(yp, y, mask=(offs_m < M) & (offs_n < Og))
 
     @triton.jit
-    def _dgrad_kernel(x_ptr, w_ptr, g_ptr, dx_ptr,
-                      N, H, W, Ho, Wo, Cg, Cgp, Og, Hc, Wc,
-                      sxn, sxc, sxh, sxw, sgn, sgc, sgh, sgw, sdn, sdc, sdh, sdw,
-                      KH: tl.constexpr, KW: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr,
-                      PH: tl.constexpr, PW: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr,
-                      RM: tl.constexpr, RN: tl.constexpr, TM: tl.constexpr, TN: tl.constexpr, LF: tl.constexpr):
+    def _dgrad_kernel(
+        x_ptr,
+        w_ptr,
+        g_ptr,
+        dx_ptr,
+        N,
+        H,
+        W,
+        Ho,
+        Wo,
+        Cg,
+        Cgp,
+        Og,
+        Hc,
+        Wc,
+        sxn,
+        sxc,
+        sxh,
+        sxw,
+        sgn,
+        sgc,
+        sgh,
+        sgw,
+        sdn,
+        sdc,
+        sdh,
+        sdw,
+        KH: tl.constexpr,
+        KW: tl.constexpr,
+        SH: tl.constexpr,
+        SW: tl.constexpr,
+        PH: tl.constexpr,
+        PW: tl.constexpr,
+        DH: tl.constexpr,
+        DW: tl.constexpr,
+        RM: tl.constexpr,
+        RN: tl.constexpr,
+        TM: tl.constexpr,
+        TN: tl.constexpr,
+        LF: tl.constexpr,
+    ):
         # dx[n, g*Cg+c, h, w] = sum_{o,i,j: h = oh*SH-PH+i*DH, w = ow*SW-PW+j*DW} gout * clamp(w - x, -1, 1)
         # w is pre-transformed to w/2 + 1/2 and permuted to [G, KH, KW, Og, Cgp] (fp32, Cg padded).
         # Grid axis 2 = group x stride residue class (ph, pw); axis 0 tiles the N*Hc*Wc pixels
@@ -217,9 +280,14 @@ def _autotuned(kernel, configs):
     kw = {}
     if "do_bench" in inspect.signature(triton.autotune).parameters:  # short benches: bounded tuning time
         kw["do_bench"] = lambda fn, quantiles=None, **_: triton.testing.do_bench(
-            fn, warmup=5, rep=20, quantiles=quantiles)
-    return triton.autotune([_cfg(*c) for c in configs], prune_configs_by={"early_config_prune": _prune},
-                           key=["Cg", "Og", "Ho", "Wo", "KH", "KW", "SH", "SW", "PH", "PW", "DH", "DW"], **kw)(kernel)
+            fn, warmup=5, rep=20, quantiles=quantiles
+        )
+    return triton.autotune(
+        [_cfg(*c) for c in configs],
+        prune_configs_by={"early_config_prune": _prune},
+        key=["Cg", "Og", "Ho", "Wo", "KH", "KW", "SH", "SW", "PH", "PW", "DH", "DW"],
+        **kw,
+    )(kernel)
 
 
 if triton is not None and not INTERPRET:
@@ -264,9 +332,11 @@ def _check(x, w, stride, padding, dilation, groups):
 def _check_span(t, name):
     """Offsets inside one image are int32 (the image base is int64)."""
     span = sum((s - 1) * abs(st) for s, st in zip(t.shape[1:], t.stride()[1:])) + 1
-    if span >= 2 ** 31:
-        raise ValueError(f"one image of {name} spans {span} elements; the kernels index within an image "
-                         "with int32: use fewer channels or a smaller image per call")
+    if span >= 2**31:
+        raise ValueError(
+            f"one image of {name} spans {span} elements; the kernels index within an image "
+            "with int32: use fewer channels or a smaller image per call"
+        )
 
 
 def _check_grid(z):
@@ -275,8 +345,11 @@ def _check_grid(z):
 
 
 def _memory_format(x):
-    return torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() \
+    return (
+        torch.channels_last
+        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
         else torch.contiguous_format
+    )
 
 
 def forward(x, w, stride, padding, dilation, groups, config=None):
@@ -292,7 +365,7 @@ def forward(x, w, stride, padding, dilation, groups, config=None):
     M = N * Ho * Wo
     if M == 0 or O == 0:
         return y
-    if M >= 2 ** 31 - 2 ** 12:
+    if M >= 2**31 - 2**12:
         raise ValueError(f"N*Ho*Wo = {M} output pixels exceed int32; split the batch")
     _check_span(y, "y")
     _check_grid(groups)
@@ -323,14 +396,32 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups, config=None):
         return dx.zero_()
     SH, SW = stride
     Hc, Wc = triton.cdiv(H, SH), triton.cdiv(W, SW)
-    if N * Hc * Wc >= 2 ** 31 - 2 ** 12:
+    if N * Hc * Wc >= 2**31 - 2**12:
         raise ValueError(f"{N * Hc * Wc} input pixels per stride class exceed int32; split the batch")
     _check_span(grad_out, "grad_out")
     _check_grid(groups * SH * SW)
     grad_out = grad_out.to(x.dtype)
     wp = _pad_last((0.5 * w.float() + 0.5).reshape(groups, Og, Cg, KH, KW).permute(0, 3, 4, 1, 2))  # [G,KH,KW,Og,Cgp]
     grid = lambda m: (triton.cdiv(N * Hc * Wc, m["RM"] * m["TM"]), triton.cdiv(Cg, m["RN"] * m["TN"]), groups * SH * SW)
-    args = (x, wp, grad_out, dx, N, H, W, Ho, Wo, Cg, wp.shape[-1], Og, Hc, Wc, *x.stride(), *grad_out.stride(), *dx.stride())
+    args = (
+        x,
+        wp,
+        grad_out,
+        dx,
+        N,
+        H,
+        W,
+        Ho,
+        Wo,
+        Cg,
+        wp.shape[-1],
+        Og,
+        Hc,
+        Wc,
+        *x.stride(),
+        *grad_out.stride(),
+        *dx.stride(),
+    )
     meta = dict(KH=KH, KW=KW, SH=SH, SW=SW, PH=padding[0], PW=padding[1], DH=dilation[0], DW=dilation[1])
     with torch.cuda.device(x.device) if x.is_cuda else _nullcontext():
         _launch(_dgrad_kernel, _dgrad, grid, args, meta, config)
