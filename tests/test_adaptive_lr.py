@@ -4,13 +4,7 @@ Gradients are checked against the closed form of Eq. 5 (dY/dW = X - W) computed 
 explicit loops over output positions, not by the implementation under test.
 """
 import copy
-import importlib.util
 import math
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,10 +12,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from addernet import AdaptiveLR, Adder2d
+from helpers import TESTS, load_script, torchrun
 
 ETA = 0.2
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).resolve().parent / "ddp_adaptive_lr_worker.py"
+WORKER = TESTS / "ddp_adaptive_lr_worker.py"
 
 
 def closed_form_grad(x, w, g, stride, padding):
@@ -135,27 +129,11 @@ def test_accumulating_micro_batches_equals_one_big_batch():
     assert (per_micro - whole).norm() > 0.05 * whole.norm()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _load_worker():
-    spec = importlib.util.spec_from_file_location("ddp_adaptive_lr_worker", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
-    worker = _load_worker()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    worker = load_script(WORKER)
+    proc = torchrun([WORKER, tmp_path], timeout=240)
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
     single = worker.build_model()

@@ -7,7 +7,6 @@ import random
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,18 +14,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from addernet import Adder2d, adder2d
+from helpers import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = ("fast", "eager")
-
-
-@pytest.fixture
-def one_thread():
-    """Hundreds of tiny ops: one intra-op thread keeps them fast on a loaded machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture
@@ -306,11 +296,12 @@ def test_torch_compile_matches_eager(backend_env):
 
 
 def _subprocess(code, env_extra, timeout=300):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **env_extra}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **env_extra}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=timeout)
+                          env=env, cwd=REPO, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_eager_fallback_when_compiler_missing(tmp_path):
     code = """
         import torch, warnings
@@ -333,6 +324,7 @@ def test_eager_fallback_when_compiler_missing(tmp_path):
     assert len(warned) == 1 and "eager" in warned[0] and "no-such-cc" in warned[0], res.stderr
 
 
+@pytest.mark.slow
 def test_kernel_cache_reused(tmp_path):
     code = """
         from addernet.ops.kernels import build
@@ -349,6 +341,7 @@ def test_kernel_cache_reused(tmp_path):
     assert second.stdout == first.stdout and (tmp_path / names[0]).stat().st_mtime_ns == mtime
 
 
+@pytest.mark.slow
 def test_peak_memory_bounded_where_reference_needs_gigabytes():
     """fwd+bwd of a layer whose reference would materialise > 1 GB per temporary: the peak RSS
     rise (all allocations, measured in a fresh process) stays a small multiple of the activation."""

@@ -6,6 +6,8 @@ import pytest
 
 from helpers import run_train
 
+pytestmark = pytest.mark.slow  # every test starts train.py / test.py / torchrun
+
 FAST = ["data=fake", "data.train_size=16", "data.val_size=8", "data.batch_size=8", "trainer.progress=false",
         "trainer.device=cpu", "trainer.log_every=1"]
 MODELS = {
@@ -52,6 +54,7 @@ def test_vit_adder_run_resumes_and_extends(tmp_path):
     assert [r["epoch"] for r in records] == [1, 2] and records[0] == first[0]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_torchrun_two_processes_adder_torchvision(tmp_path):
     run = tmp_path / "job"

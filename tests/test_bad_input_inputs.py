@@ -1,21 +1,26 @@
 """Inputs are what they claim (docs/reliability.md, "Images", "Unknown keys", "Outputs", "Stored models"):
 images are never silently mangled or counted twice, every key a user passes is applied or refused, outputs
-never overwrite a run's own files, and every entry point checks the stored model like test.py.
+never overwrite a run's own files, run dirs and results files that cannot be written are one message, and
+every entry point checks the stored model like test.py.
 """
+import errno
 import os
 import shutil
 
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from PIL import Image
 
+from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from addernet.data import DataError, build_dataset, build_loader
+from addernet.engine import check_config, eval_run, rundir, train
+from addernet.engine.eval_run import evaluate_checkpoint
 from addernet.errors import ConfigError
 from addernet.data.datasets import load_rgb
-from helpers import compose, write_jpeg_folder
-
-FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
+from addernet.models import build_model
+from helpers import CIFAR10_CLASSES, FAKE, FAST, compose, run_train, write_jpeg_folder
 
 
 def _folder(root, *extra):
@@ -137,20 +142,15 @@ def test_run_dirs_that_cannot_be_created_are_one_line(tmp_path, make, message):
     (["trainer.epoch=3"], "train.py: error: unknown key trainer.epoch (did you mean trainer.epochs?)"),
     (["model=resnet21"], "train.py: error: model=resnet21 is not an option of model: choose one of"),
     (["+epochs=3"], "train.py: error: unknown key epochs (did you mean trainer.epochs?)"),
+    (["+optim.lrr=0.1"], "train.py: error: unknown key optim.lrr (did you mean optim.lr?)"),
 ])
 def test_train_py_exits_2_with_one_line_for_what_hydra_rejects(tmp_path, argv, message):
-    from helpers import run_train
-
     r = run_train(argv + [f"hydra.run.dir={tmp_path / 'run'}"], timeout=120)
     assert r.returncode == 2 and r.stderr.strip().startswith(message) and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
 # --- outputs never overwrite a run's files; every entry point checks the stored model like test.py -----------------
-
-FAKE = ["data=fake", "data.train_size=32", "data.val_size=8", "data.batch_size=16", "model=lenet5_bn",
-        "data.image_size=28", *FAST]
-
 
 @pytest.fixture(scope="module")
 def fake_run(tmp_path_factory):
@@ -163,6 +163,12 @@ def fake_run(tmp_path_factory):
 
 def _eval_args(checkpoint, *extra):
     return [f"checkpoint={checkpoint}", "trainer.progress=false", *extra]
+
+
+def _eval_cfg(checkpoint, *overrides):
+    """test.py's composed config and the overrides it passes on (what the user typed)."""
+    args = [f"checkpoint={checkpoint}", "trainer.progress=false", "data.download=false", *overrides]
+    return compose(args, config_name="test"), args
 
 
 def test_results_file_never_replaces_a_checkpoint_or_a_run_file(fake_run, tmp_path):
@@ -205,8 +211,6 @@ def test_an_override_the_evaluated_dataset_ignores_is_refused(fake_run):
 
 @pytest.mark.slow
 def test_quantize_out_never_replaces_a_training_checkpoint(fake_run):
-    from helpers import run_train
-
     last = fake_run / "checkpoints" / "last.pt"
     kept = last.read_bytes()
     r = run_train([f"checkpoint={fake_run / 'checkpoints' / 'best.pt'}", f"out={last}", "quant.bits=8",
@@ -274,8 +278,6 @@ def test_calibration_never_ends_with_a_batch_of_one(fake_run):
 
 @pytest.mark.slow
 def test_a_failed_multirun_job_is_recorded_and_the_sweep_goes_on(tmp_path):
-    from helpers import run_train
-
     sweep = tmp_path / "sweep"
     r = run_train(["-m", *FAKE, "trainer.epochs=1", "trainer.amp=bogus,off", f"hydra.sweep.dir={sweep}"],
                   timeout=300)
@@ -307,8 +309,6 @@ def test_a_bare_state_dict_is_not_evaluated_as_the_other_twin(fake_run, tmp_path
 
 @pytest.mark.slow
 def test_train_py_help_lists_only_the_groups_train_py_accepts():
-    from helpers import run_train
-
     r = run_train(["--help"], timeout=120)
     groups = [line.split(":")[0] for line in r.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
               .splitlines() if ": " in line]
@@ -325,3 +325,73 @@ def test_hydra_flags_and_their_values_are_not_taken_for_overrides():
     check_argv(["-m", "hydra/launcher=submitit_local", "hydra.sweep.dir=/tmp/x"], "train")  # Hydra's own groups
     with pytest.raises(ConfigError, match="unknown key trainer.epoch"):
         check_argv(["--cfg", "job", "trainer.epoch=3"], "train")
+
+
+# --- an adder checkpoint is never evaluated as its CNN twin ---------------------------------------
+
+def test_test_py_refuses_an_adder_checkpoint_as_conv(tmp_path, monkeypatch):
+    monkeypatch.setattr(eval_run, "evaluate", lambda *a, **k: pytest.fail("evaluated the wrong model"))
+    path = tmp_path / "adder.pt"
+    save_checkpoint({"format_version": 1, "model": build_model("lenet5_bn", "adder", in_channels=3).state_dict(),
+                     "config": OmegaConf.to_container(compose(FAKE), resolve=True)}, path)
+    cfg, args = _eval_cfg(path, "model.layer=conv")
+    with pytest.raises(ConfigError, match=r"model.layer=conv \(trained as model.layer=adder\)"):
+        evaluate_checkpoint(cfg, args)
+
+
+
+@pytest.mark.slow
+def test_converted_official_checkpoint_as_conv_is_refused(converted_r20, monkeypatch):
+    """An official AdderNet checkpoint, converted, then evaluated as its CNN twin (test.py ... model.layer=conv)."""
+    assert load_checkpoint(converted_r20)["classes"] == CIFAR10_CLASSES
+    monkeypatch.setattr(eval_run, "evaluate", lambda *a, **k: pytest.fail("evaluated the wrong model"))
+    cfg, args = _eval_cfg(converted_r20, "model.layer=conv")
+    with pytest.raises(ConfigError, match=r"resnet20_official.pt was trained as a different model: model.layer=conv "
+                                          r"\(trained as model.layer=adder\)"):
+        evaluate_checkpoint(cfg, args)
+
+
+def test_read_only_run_dir_is_one_message(tmp_path, monkeypatch):
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(rundir.os, "open", read_only)  # as root, chmod cannot make a dir read-only
+    with pytest.raises(ConfigError, match=f"cannot write to the run dir {tmp_path} \\(Read-only file system\\); "
+                                          f"make it writable or choose another one with hydra.run.dir="):
+        train(compose(FAKE + ["trainer.epochs=1"]), str(tmp_path))
+
+
+def test_unwritable_results_file_fails_before_evaluating(tmp_path, monkeypatch):
+    monkeypatch.setattr(eval_run, "evaluate", lambda *a, **k: pytest.fail("evaluated before checking results_file"))
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint({"format_version": 1, "model": build_model("lenet5_bn", "adder", in_channels=3).state_dict(),
+                     "config": OmegaConf.to_container(compose(FAKE), resolve=True)}, path)
+    (tmp_path / "a_file").write_text("x")
+    for target, reason in ((tmp_path, "Is a directory"), (tmp_path / "a_file" / "r.json", "File exists|Not a directory")):
+        cfg, args = _eval_cfg(path, f"results_file={target}")
+        with pytest.raises(ConfigError, match=f"results_file={target} cannot be written \\(({reason})\\)"):
+            evaluate_checkpoint(cfg, args)
+
+
+@pytest.mark.slow
+def test_bare_tensor_and_random_bytes_are_named_as_not_checkpoints(tmp_path):
+    tensor = tmp_path / "tensor.pt"
+    torch.save(torch.zeros(3), tensor)
+    r = run_train([f"checkpoint={tensor}", "data.download=false"], script=("test.py",), timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "is neither a checkpoint of this repo" in r.stderr and "found: Tensor" in r.stderr
+    noise = tmp_path / "noise.pt"
+    noise.write_bytes(bytes(range(7, 256)) * 20)
+    with pytest.raises(CheckpointError, match="noise.pt is not a checkpoint: it is neither a torch.save zip") as e:
+        load_checkpoint(noise)
+    assert "weights_only=False" not in str(e.value)
+
+
+# --- unknown keys inside the known groups ---------------------------------------------------------------------------
+
+def test_added_unknown_key_is_rejected_with_the_valid_ones(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key trainer.epoch \(did you mean trainer.epochs\?\).*Valid trainer "
+                                          r"keys: (\w+, )*amp, .*epochs"):
+        check_config(compose(["+trainer.epoch=1"]))
+    with pytest.raises(ConfigError, match=r"unknown key data.val_dri \(did you mean data.val_dir\?\)"):
+        evaluate_checkpoint(*_eval_cfg(tmp_path / "x.pt", "+data.val_dri=/x"))

@@ -1,29 +1,29 @@
 """Numerics that AMP and bad weights cannot break (docs/reliability.md, "Mixed precision" and "NaN / inf"):
-AdderNet accuracy under each trainer.amp mode against float32, checkpoints with NaN/inf weights refused,
-config values that would fail inside torch caught by the checks.
+AdderNet accuracy under each trainer.amp mode against float32, non-finite state never saved, checkpoints with
+NaN/inf weights refused, JSON outputs without bare NaN, config values that would fail inside torch caught by
+the checks.
 """
+import json
+import os
+
 import pytest
 import torch
 from torchvision import datasets, transforms
 
 from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from addernet.checkpoint.official import load_official
-from addernet.engine import ConfigError, check_config, evaluate, train
-from addernet.engine.eval_run import evaluate_checkpoint
+from addernet.engine import ConfigError, NonFiniteLoss, check_config, evaluate, train
+from addernet.engine.eval_run import evaluate_checkpoint, report
+from addernet.engine.outputs import json_line
 from addernet.models import build_model
-from helpers import CIFAR_SAMPLE, SHARED, compose
-
-OFFICIAL_R20 = SHARED / "official" / "ResNet20-AdderNet.pth"
-FAKE = ["data=fake", "data.train_size=32", "data.val_size=8", "data.batch_size=16", "model=lenet5_bn",
-        "data.image_size=28", "trainer.progress=false", "data.num_workers=0", "data.pin_memory=false",
-        "trainer.log_every=1"]
+from helpers import CIFAR_SAMPLE, FAKE, OFFICIAL_R20, compose
 
 
 @pytest.fixture(scope="module")
 def official_on_sample():
     """The official ResNet-20 and every 5th image of the shared CIFAR-10 sample (200 images, 20 per class)."""
     if not (OFFICIAL_R20.is_file() and CIFAR_SAMPLE.is_dir()):
-        pytest.skip(f"shared data not in {SHARED}")
+        pytest.skip(f"{OFFICIAL_R20} or {CIFAR_SAMPLE} absent: ../shared is not part of a user's clone")
     model = build_model("resnet20", "adder", num_classes=10, in_channels=3)
     load_official(model, load_checkpoint(OFFICIAL_R20), source=str(OFFICIAL_R20))
     tf = transforms.Compose([transforms.ToTensor(),
@@ -85,3 +85,50 @@ def test_values_that_would_fail_inside_torch_are_caught_by_the_checks(overrides,
 def test_the_largest_allowed_seed_runs(tmp_path):
     """The bound of the seed check is a real limit: 2**32 - 1 trains (seed + rank, seed + epoch fit 64 bits)."""
     train(compose(FAKE + ["trainer.epochs=1", f"trainer.seed={2 ** 32 - 1}"]), str(tmp_path / "run"))
+
+
+def _strict_json(text):
+    """json.loads that fails on NaN / Infinity (Python's json accepts them by default)."""
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON: {text}"))
+
+
+# --- non-finite state is never saved; JSON never holds a bare NaN ---------------------------------------------
+
+def test_diverged_first_epoch_saves_nothing_and_exits_3(tmp_path):
+    run = tmp_path / "run"
+    with pytest.raises(NonFiniteLoss, match="non-finite .*no good checkpoint to resume from") as e:
+        train(compose(FAKE + ["trainer.epochs=2", "optim.lr=1e8"]), str(run))
+    assert e.value.exit_code == 3
+    assert os.listdir(run / "checkpoints") == []
+    assert not (run / "metrics.jsonl").exists() or (run / "metrics.jsonl").read_text() == ""
+
+
+def test_non_finite_buffers_are_not_saved_and_last_good_is_named(tmp_path, monkeypatch):
+    """Weights that turn inf while the loss stays finite (BN statistics) are caught before the epoch's save."""
+    run = tmp_path / "run"
+    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    last = run / "checkpoints" / "last.pt"
+    before = last.read_bytes()
+    from addernet.engine import fit
+
+    real = fit.Run.end_epoch
+
+    def poisoned(self, epoch, record):
+        self.model.bn1.running_var.fill_(float("inf"))
+        return real(self, epoch, record)
+
+    monkeypatch.setattr(fit.Run, "end_epoch", poisoned)
+    with pytest.raises(NonFiniteLoss, match=r"model.bn1.running_var .*last.pt still holds the last good state "
+                                            r"\(epoch 1\)"):
+        train(compose(FAKE + ["trainer.epochs=2"]), str(run))
+    assert last.read_bytes() == before
+    assert [r["epoch"] for r in map(_strict_json, (run / "metrics.jsonl").read_text().splitlines())] == [1]
+
+
+def test_json_outputs_write_null_for_nan(tmp_path, capsys):
+    assert _strict_json(json_line({"loss": float("nan"), "top1": 1.5, "x": [float("inf")]})) == \
+        {"loss": None, "top1": 1.5, "x": [None]}
+    out = tmp_path / "r.json"
+    report({"top1": 10.0, "top5": 50.0, "loss": float("nan"), "n": 4, "images_per_s": 1.0}, str(out))
+    assert _strict_json(capsys.readouterr().out.strip().splitlines()[-1])["loss"] is None
+    assert _strict_json(out.read_text())["loss"] is None

@@ -1,23 +1,28 @@
 """Resume never loses or misattributes a run's work: which checkpoint a run resumes from, which settings may
-change on resume, and checkpoints whose fields were edited or damaged (docs/reliability.md, "Resume").
+change on resume, checkpoints whose fields were edited or damaged, one run per run dir, interrupted writes
+(docs/reliability.md, "Resume").
 
-Tiny in-process runs: LeNet-5-BN on 28x28 FakeData, one or two epochs of a few steps.
+Tiny in-process runs: LeNet-5-BN on 28x28 FakeData, one or two epochs of a few steps; one train.py pair.
 """
+import errno
+import json
 import logging
 import math
+import os
+import signal
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
+import helpers
 from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from addernet.engine import ConfigError, Preempted, train
-from addernet.engine import fit
+from addernet.engine import fit, rundir
 from addernet.engine.eval_run import evaluate_checkpoint
-from helpers import SigtermOn, compose, metrics_without_timing
+from helpers import SigtermOn, compose, metrics_without_timing, run_train, start_train, wait_for_log
 
-FAKE = ["data=fake", "data.train_size=32", "data.val_size=8", "data.batch_size=16", "model=lenet5_bn",
-        "data.image_size=28", "trainer.progress=false", "data.num_workers=0", "data.pin_memory=false",
-        "trainer.log_every=1", "trainer.deterministic=true"]
+FAKE = [*helpers.FAKE, "trainer.deterministic=true"]
 
 
 def _run(tmp_path, *extra, name="run"):
@@ -185,3 +190,94 @@ def test_test_py_checks_format_version_like_resume(tmp_path, one_epoch, value, m
     args = [f"checkpoint={edited}", "trainer.progress=false"]
     with pytest.raises(CheckpointError, match=message):
         evaluate_checkpoint(compose(args, config_name="test"), args)
+
+
+# --- a resume with a different model or schedule ------------------------------------------------------------------
+
+def test_resume_with_the_other_layer_is_refused_and_keeps_the_config(tmp_path):
+    run = tmp_path / "run"
+    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    before = (run / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"last.pt was trained as a different model: model.layer=conv"):
+        train(compose(FAKE + ["trainer.epochs=2", "model.layer=conv"]), str(run))
+    assert (run / "config.yaml").read_text() == before
+
+
+# --- resuming with more epochs recomputes the schedule ----------------------------------------------------------
+
+def test_resume_with_more_epochs_continues_the_schedule_of_the_new_length(tmp_path):
+    run = tmp_path / "run"
+    train(compose(FAKE + ["trainer.epochs=2"]), str(run))
+    train(compose(FAKE + ["trainer.epochs=3"]), str(run))
+    lrs = [r["lr"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+    cosine = [0.1 * (1 + math.cos(math.pi * e / 2)) / 2 for e in (0, 1)] + [0.1 * (1 + math.cos(math.pi * 2 / 3)) / 2]
+    assert lrs == pytest.approx(cosine, abs=1e-12) and lrs[2] == pytest.approx(0.025)
+    assert "trainer.epochs changed from 2 (the checkpoint's) to 3" in (run / "train.log").read_text()
+    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert ckpt["epoch"] == 3 and ckpt["config"]["trainer"]["epochs"] == 3
+    assert OmegaConf.load(run / "config.yaml").trainer.epochs == 3
+
+# --- one run per run dir ---------------------------------------------------------------------------------------
+
+def test_a_locked_run_dir_fails_at_once_and_is_left_alone(tmp_path):
+    run = tmp_path / "run"
+    holder = rundir.lock_run_dir(str(run))  # what a live run holds
+    try:
+        with pytest.raises(rundir.RunDirBusy, match=f"run dir {run} is in use by another training run \\(pid "
+                                                    f"{os.getpid()}"):
+            train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+        assert sorted(os.listdir(run)) == [".lock"]  # no train.log, config.yaml or checkpoints written
+    finally:
+        holder.close()
+    train(compose(FAKE + ["trainer.epochs=1"]), str(run))  # released: the next run goes ahead
+
+
+@pytest.mark.slow
+def test_concurrent_train_py_in_one_run_dir(tmp_path):
+    run = tmp_path / "run"
+    args = FAKE + ["data.train_size=64", "data.batch_size=8", "trainer.epochs=2", f"hydra.run.dir={run}"]
+    first = start_train(args)
+    try:
+        wait_for_log(first, run / "train.log", "epoch 1/2 step 1/8")
+        first.send_signal(signal.SIGSTOP)  # frozen mid-run, lock held: the second run cannot win a race
+        try:
+            second = run_train(args, timeout=120)
+        finally:
+            first.send_signal(signal.SIGCONT)
+        assert second.returncode == 2 and "is in use by another training run" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
+        assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
+    finally:
+        first.kill()
+    assert [r["epoch"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [1, 2]
+
+
+# --- interrupted writes: stale temporaries, a full disk ------------------------------------------------------------------------------------------
+
+def test_stale_tmp_files_are_removed_at_start(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    stale = [run / "checkpoints" / ".last.pt.k3j2.tmp", run / "metrics.jsonl.tmp"]
+    for p in stale:
+        p.write_bytes(b"half a write")
+    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    assert not any(p.exists() for p in stale)
+    assert sorted(os.listdir(run / "checkpoints")) == ["best.pt", "last.pt"]
+    assert "removed 2 temporary file(s) of an interrupted write" in (run / "train.log").read_text()
+
+
+def _disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_disk_full_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    last = run / "checkpoints" / "last.pt"
+    before = last.read_bytes()
+    monkeypatch.setattr(torch, "save", _disk_full)
+    with pytest.raises(CheckpointError, match=f"cannot write checkpoint {run}/checkpoints/(best|last).pt: no space "
+                                              f"left on device; the previous (best|last).pt is intact"):
+        train(compose(FAKE + ["trainer.epochs=2"]), str(run))
+    monkeypatch.undo()
+    assert last.read_bytes() == before and sorted(os.listdir(last.parent)) == ["best.pt", "last.pt"]

@@ -2,7 +2,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,8 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from addernet import Adder2d
 from addernet.analysis import count_model_ops, count_ops
 from addernet.models import build_model
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import REPO, load_script
 # name -> (image size, classes) at the dataset's resolution
 DATA = {"resnet20": (32, 10), "resnet32": (32, 10), "vgg_small": (32, 10), "lenet5_bn": (28, 10),
         "resnet18": (224, 1000), "resnet50": (224, 1000)}
@@ -100,8 +98,9 @@ def test_count_ops_rejects_unknown_layers():
         count_ops(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Softplus()), (3, 8, 8))
 
 
+@pytest.mark.slow
 def test_script_prints_table_then_json(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "count_ops.py"), "model=vgg_small",
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "count_ops.py"), "model=vgg_small",
                           "model.layer=conv"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
@@ -113,18 +112,18 @@ def test_script_prints_table_then_json(tmp_path):
     assert not list(tmp_path.iterdir()), "count_ops.py must not write a run directory"
 
 
-def test_script_counts_at_the_models_native_input_unless_data_is_given(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("count_ops_script", ROOT / "scripts" / "count_ops.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+def test_script_counts_at_the_models_native_input_unless_data_is_given():
+    script = load_script("count_ops")
     assert script.native_data(["model=lenet5_bn"]) == "data=mnist"
     assert script.native_data(["model=resnet18", "model.layer=conv"]) == "data=imagenet"
     assert script.native_data([]) == "data=cifar10"
     assert script.native_data(["model=resnet50", "data=cifar10"]) is None  # the user's choice wins
     assert script.native_data(["experiment=imagenet_resnet50_adder"]) is None
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "count_ops.py"), "model=resnet50"], cwd=tmp_path,
+
+
+@pytest.mark.slow
+def test_script_counts_resnet50_at_imagenet_size_by_default(tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "count_ops.py"), "model=resnet50"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])

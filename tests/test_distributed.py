@@ -15,6 +15,7 @@ ARGS = ["data=fake", "data.train_size=64", "data.val_size=37", "data.batch_size=
         "data.image_size=28", "trainer.epochs=2", "trainer.progress=false", "trainer.log_every=1"]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_torchrun_two_cpu_processes(tmp_path):
     run = tmp_path / "outputs" / "job"

@@ -30,14 +30,6 @@ PINNED = [
 ]
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_deterministic_run_reproduces_the_pinned_numbers(tmp_path, monkeypatch, one_thread):
     monkeypatch.setenv("ADDERNET_BACKEND", "reference")
     cfg = compose([*LENET_FAKE, "data.train_size=96", "trainer.epochs=2", "trainer.deterministic=true",

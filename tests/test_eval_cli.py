@@ -66,6 +66,7 @@ def _expected(model, data_cfg):
             "loss": F.cross_entropy(logits, y).item(), "n": len(ds)}
 
 
+@pytest.mark.slow
 def test_rebuilds_model_and_data_from_the_stored_config(our_checkpoint, tmp_path):
     path, model, cfg = our_checkpoint
     results = tmp_path / "out" / "results.json"
@@ -80,6 +81,7 @@ def test_rebuilds_model_and_data_from_the_stored_config(our_checkpoint, tmp_path
     assert "model resnet20 (conv) | data fake" in r.stdout
 
 
+@pytest.mark.slow
 def test_command_line_overrides_win_over_the_stored_config(our_checkpoint):
     path, model, cfg = our_checkpoint
     out = last_json(run_test_py([f"checkpoint={path}", "data.val_size=7", "data.batch_size=3", *NO_DOWNLOAD]))
@@ -114,6 +116,7 @@ def test_effective_config_merges_only_what_the_user_gave():
     assert OmegaConf.to_container(eff.data) == stored["data"] and eff.model.name == "resnet32"
 
 
+@pytest.mark.slow
 def test_wrong_architecture_lists_the_keys(our_checkpoint):
     path, _, _ = our_checkpoint
     r = run_test_py([f"checkpoint={path}", "model=resnet32", *NO_DOWNLOAD])
@@ -121,6 +124,7 @@ def test_wrong_architecture_lists_the_keys(our_checkpoint):
                        "trained as model=resnet20 model.layer=conv")
 
 
+@pytest.mark.slow
 def test_unsafe_pickle_is_refused_without_running_it(tmp_path):
     marker = tmp_path / "ran"
 
@@ -135,6 +139,7 @@ def test_unsafe_pickle_is_refused_without_running_it(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_truncated_file_gets_a_clear_message(our_checkpoint, tmp_path):
     path, _, _ = our_checkpoint
     cut = tmp_path / "cut.pt"

@@ -13,19 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import CIFAR_SAMPLE, REPO, SHARED, run_train
+from helpers import CIFAR_SAMPLE, OFFICIAL_LOGITS, OFFICIAL_R20, REPO, needs_shared, run_train
 
-OFFICIAL = SHARED / "official" / "ResNet20-AdderNet.pth"
-REFERENCE = SHARED / "official" / "ResNet20-AdderNet.cifar10-test-sample.jsonl"
-pytestmark = pytest.mark.skipif(
-    not (OFFICIAL.is_file() and REFERENCE.is_file() and CIFAR_SAMPLE.is_dir()),
-    reason=f"{SHARED} (official checkpoint, CIFAR-10 sample, official logits) absent: not part of a user's clone")
+# every test evaluates the whole 1,000-image sample or starts test.py / torchrun
+pytestmark = [needs_shared("official/ResNet20-AdderNet.pth", "official/ResNet20-AdderNet.cifar10-test-sample.jsonl",
+                           "cifar10-test-sample"), pytest.mark.slow]
 SAMPLE_ARGS = ["data=cifar10_folder", f"data.val_dir={CIFAR_SAMPLE}", "data.num_workers=0", "data.pin_memory=false",
                "trainer.progress=false"]
 
 
 def _reference():
-    lines = REFERENCE.read_text().splitlines()
+    lines = OFFICIAL_LOGITS.read_text().splitlines()
     return json.loads(lines[0])["summary"], [json.loads(line) for line in lines[1:]]
 
 
@@ -40,7 +38,7 @@ def run_test_py(args):
 def official_run(tmp_path_factory):
     """test.py on the official checkpoint over the whole sample, once: (stdout JSON, results_file JSON)."""
     results = tmp_path_factory.mktemp("official") / "results.json"
-    _, out = run_test_py([f"checkpoint={OFFICIAL}", "model=resnet20", *SAMPLE_ARGS, f"results_file={results}"])
+    _, out = run_test_py([f"checkpoint={OFFICIAL_R20}", "model=resnet20", *SAMPLE_ARGS, f"results_file={results}"])
     return out, json.loads(results.read_text())
 
 
@@ -73,7 +71,7 @@ def test_every_prediction_and_logit_matches_the_official_code():
     by_file = {r["file"]: r for r in ref}
     assert sorted(files) == sorted(by_file)
     model = build_model("resnet20")
-    load_official(model, load_checkpoint(OFFICIAL), source=str(OFFICIAL))
+    load_official(model, load_checkpoint(OFFICIAL_R20), source=str(OFFICIAL_R20))
     model.eval()
     loader = torch.utils.data.DataLoader(dataset, batch_size=250, shuffle=False)
     with torch.no_grad():
@@ -90,11 +88,9 @@ def test_every_prediction_and_logit_matches_the_official_code():
         f"{files[rel.argmax()]} at {rel.max().item():.2e} of its largest logit (median {rel.median().item():.1e})")
 
 
-def test_converted_checkpoint_gives_identical_results(official_run, tmp_path):
+def test_converted_checkpoint_gives_identical_results(official_run, converted_r20):
     """convert_official.py writes our format with a config: test.py needs no model= and gets the same numbers."""
-    conv = tmp_path / "resnet20_official.pt"
-    r = run_train([str(OFFICIAL), str(conv)], script=("scripts/convert_official.py",))
-    assert r.returncode == 0, r.stderr
+    conv = converted_r20
     ckpt = torch.load(conv, map_location="cpu", weights_only=True)
     assert ckpt["config"]["model"] == {"name": "resnet20", "layer": "adder"}
     assert ckpt["config"]["data"]["name"] == "cifar10"
@@ -113,7 +109,7 @@ def test_torchrun_two_processes_counts_every_image_once(tmp_path):
         (tmp_path / r["file"]).parent.mkdir(exist_ok=True)
         shutil.copy(CIFAR_SAMPLE / r["file"], tmp_path / r["file"])
     want_top1 = 100.0 * sum(r["pred"] == r["label"] for r in picked) / len(picked)
-    args = [f"checkpoint={OFFICIAL}", "model=resnet20", "data=cifar10_folder", f"data.val_dir={tmp_path}",
+    args = [f"checkpoint={OFFICIAL_R20}", "model=resnet20", "data=cifar10_folder", f"data.val_dir={tmp_path}",
             "data.num_workers=0", "data.pin_memory=false", "data.batch_size=8", "trainer.progress=false"]
     r = run_train(["--standalone", "--nproc_per_node=2", "test.py", *args],
                   script=(sys.executable, "-m", "torch.distributed.run"), timeout=600, env={"OMP_NUM_THREADS": "1"})

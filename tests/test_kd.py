@@ -155,13 +155,9 @@ def test_bad_teachers_stop_before_any_training_step(tmp_path, case, error, messa
     assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints" / "last.pt").exists()
 
 
+@pytest.mark.slow
 def test_train_py_exits_non_zero_with_one_line_for_a_missing_teacher(tmp_path):
     proc = run_train(TINY + ["task=kd", f"task.teacher={tmp_path / 'nope.pt'}", f"hydra.run.dir={tmp_path / 'r'}"],
                      timeout=120)
     assert proc.returncode == 2
     assert "train.py: error: checkpoint not found" in proc.stderr and "Traceback" not in proc.stderr
-
-
-def test_task_kd_composes_with_the_documented_defaults():
-    cfg = compose(["task=kd"]).task
-    assert (cfg.name, cfg.temperature, cfg.alpha, cfg.teacher) == ("kd", 4.0, 0.9, None)

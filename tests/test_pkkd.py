@@ -2,13 +2,8 @@
 gradient leaks between the networks, the adaptive LR touches only the student's adder weights, rho stays out
 of the student, layer selection, bad input, and DDP (2 gloo ranks) equals one process on the whole batch."""
 import copy
-import importlib.util
-import os
 import signal
-import socket
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,9 +17,10 @@ from addernet.errors import CheckpointError, ConfigError
 from addernet.optim import build_optimizer
 from addernet.tasks import build_task
 from addernet.tasks.kernels import conv_sq_distance, gaussian_kernel, laplacian_kernel
-from helpers import REPO, SHARED, compose, metrics_without_timing, signal_at, start_train
+from helpers import TESTS, child_env, compose, load_script, metrics_without_timing, run_train, signal_at, \
+    start_train, torchrun
 
-WORKER = Path(__file__).resolve().parent / "ddp_pkkd_worker.py"
+WORKER = TESTS / "ddp_pkkd_worker.py"
 LENET = ["model=lenet5_bn", "data=fake", "data.image_size=28", "data.train_size=16", "data.val_size=8",
          "data.batch_size=8", "trainer.epochs=1", "trainer.progress=false", "trainer.device=cpu", "task=pkkd"]
 
@@ -166,29 +162,17 @@ def test_bad_input_stops_before_any_training_step(tmp_path, overrides, error, me
     assert not (run / "metrics.jsonl").exists()
 
 
-@pytest.mark.skipif(not (SHARED / "official" / "ResNet20-AdderNet.pth").is_file(), reason="official checkpoint absent")
-def test_an_adder_checkpoint_is_refused_as_the_pkkd_teacher(tmp_path):
+def test_an_adder_checkpoint_is_refused_as_the_pkkd_teacher(tmp_path, official_r20):
     with pytest.raises(CheckpointError, match="holds adder weights"):
-        train(compose(["task=pkkd", f"task.teacher={SHARED / 'official' / 'ResNet20-AdderNet.pth'}",
+        train(compose(["task=pkkd", f"task.teacher={official_r20}",
                        "data=fake", "trainer.device=cpu"]), str(tmp_path / "run"))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
-    spec = importlib.util.spec_from_file_location("ddp_pkkd_worker", WORKER)
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", "--master_addr",
-           "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+    worker = load_script(WORKER)
+    proc = torchrun([WORKER, tmp_path], timeout=240)
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
     task = worker.build_task()
@@ -239,15 +223,15 @@ def test_kill_and_resume_equals_uninterrupted_for_student_teacher_and_rho(tmp_pa
     assert not torch.equal(init.teacher.conv2.weight, ref["task"]["teacher"]["conv2.weight"])  # the teacher trained
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_torchrun_pkkd_run_checkpoints_bare_student_teacher_and_rho(tmp_path):
     """The engine path: scripts/dist_train.sh 2 task=pkkd; rank 0's checkpoint holds bare (unwrapped) modules."""
     run = tmp_path / "run"
     args = ["data=fake", "data.train_size=32", "data.val_size=13", "data.batch_size=8", "model=lenet5_bn",
             "data.image_size=28", "trainer.epochs=1", "trainer.progress=false", "trainer.log_every=1", "task=pkkd"]
-    proc = subprocess.run(["bash", "scripts/dist_train.sh", "2", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHON": sys.executable, "RUN_DIR": str(run),
-                                            "OMP_NUM_THREADS": "1"})
+    proc = run_train(args, script=("bash", "scripts/dist_train.sh", "2"), timeout=300,
+                     env=child_env(PYTHON=sys.executable, RUN_DIR=str(run)))
     assert proc.returncode == 0, proc.stderr[-4000:]
     ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
     assert ckpt["world_size"] == 2 and set(ckpt["task"]) == {"teacher", "rho"}

@@ -1,21 +1,17 @@
 """scripts/plot_curves.py: reads metrics.jsonl run directories and draws train/val curves."""
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "plot_curves.py"
+from helpers import REPO, load_script
+
+SCRIPT = REPO / "scripts" / "plot_curves.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("plot_curves", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def _run_dir(tmp_path, name, records):
@@ -63,6 +59,7 @@ def test_plot_overlays_runs_with_their_values(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_cli_writes_png(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
     a, b = _run_dir(tmp_path, "adder", _records(0)), _run_dir(tmp_path, "cnn", _records(1))
@@ -73,6 +70,7 @@ def test_cli_writes_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_cli_without_matplotlib_says_how_to_install(tmp_path):
     a = _run_dir(tmp_path, "adder", _records(0))
     code = ("import sys, runpy; sys.modules['matplotlib'] = None; "
@@ -83,6 +81,7 @@ def test_cli_without_matplotlib_says_how_to_install(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_missing_run_dir_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nope")], capture_output=True, text=True)
     assert r.returncode == 1

@@ -12,7 +12,7 @@ from addernet.models import build_model
 from addernet.ops import Adder2d
 from addernet.quant import IntegerResNet, QAdder2d, inference_model, load_quantized, quantize_model, save_quantized
 from addernet.quant.quantizer import levels
-from helpers import CIFAR_SAMPLE, REPO, SHARED
+from helpers import CIFAR_SAMPLE, OFFICIAL_R20, REPO, SHARED, needs_shared
 
 QUANT_DEFAULTS = OmegaConf.load(REPO / "configs" / "quant" / "default.yaml")
 
@@ -150,12 +150,8 @@ def test_load_quantized_returns_the_integer_network(tmp_path):
         assert torch.equal(layers(x), model(x))
 
 
-OFFICIAL = SHARED / "official" / "ResNet20-AdderNet.pth"
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not (OFFICIAL.is_file() and CIFAR_SAMPLE.is_dir() and (SHARED / "cifar10-jpeg" / "train").is_dir()),
-                    reason=f"{SHARED} (official checkpoint, sample, cifar10-jpeg/train) absent: not in a user's clone")
+@needs_shared("official/ResNet20-AdderNet.pth", "cifar10-test-sample", "cifar10-jpeg/train")
 def test_official_resnet20_same_top1_as_the_layer_model_on_sample_images():
     """8 bits, calibrated on 256 training images; 300 sample images (30 per class): at most 1% of the images
     apart in the number correct from the QAdder2d model, the same prediction on at least 98% of them."""
@@ -176,7 +172,7 @@ def test_official_resnet20_same_top1_as_the_layer_model_on_sample_images():
     x = torch.stack([sample[i][0] for i in pick])
     y = torch.tensor([sample.samples[i][1] for i in pick])
     model = build_model("resnet20")
-    load_official(model, load_checkpoint(OFFICIAL))
+    load_official(model, load_checkpoint(OFFICIAL_R20))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(calib, torch.zeros(256)), batch_size=128)
     quantize_model(model.eval(), loader, OmegaConf.merge(QUANT_DEFAULTS, {"bits": 8}))
     with torch.no_grad():

@@ -1,22 +1,18 @@
 """scripts/summarize_runs.py: the results table (with mean ± std over seeds) and the throughput table
 (gpu_check.sh stage 4) with the projected recipe time, from the files the runs recorded."""
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import REPO
+from helpers import REPO, load_script
 
 SCRIPT = REPO / "scripts" / "summarize_runs.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("summarize_runs", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def _run(tmp_path, name, records, *, on_device=False, compile=False, layer="adder", **facts):

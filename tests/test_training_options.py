@@ -11,7 +11,7 @@ from addernet.engine import model_from_config
 from addernet.errors import ConfigError
 from addernet.engine.config import check_config
 from addernet.tasks import build_task
-from helpers import compose
+from helpers import TESTS, compose, torchrun
 
 LENET = ["model=lenet5_bn", "data=fake", "data.image_size=28", "data.train_size=16", "data.val_size=8",
          "data.batch_size=8", "trainer.epochs=1", "trainer.progress=false", "trainer.device=cpu",
@@ -160,18 +160,7 @@ def test_clip_grad_norm_clips_the_unscaled_non_adder_gradients(scaler_enabled):
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_ddp_accumulation_all_reduces_once_per_step_and_equals_the_whole_batch(tmp_path):
-    import os
-    import socket
-    import subprocess
-    import sys
-    from helpers import REPO
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", "--master_addr",
-           "127.0.0.1", "--master_port", str(port), str(REPO / "tests" / "ddp_options_worker.py"), str(tmp_path), "2"]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+    proc = torchrun([TESTS / "ddp_options_worker.py", tmp_path, 2], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     from ddp_options_worker import batches
     reference = _reference_steps(batches())
@@ -425,24 +414,14 @@ def test_calibration_logs_its_counts(caplog):
 @pytest.mark.slow
 def test_every_option_together_under_torchrun_with_two_gloo_processes(tmp_path):
     import json
-    import os
-    import socket
-    import subprocess
-    import sys
     from addernet.checkpoint import load_checkpoint
-    from helpers import REPO
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", str(port),
-           "train.py", "model=lenet5_bn", "data=fake", "data.image_size=28", "data.train_size=64",
-           "data.val_size=32", "data.batch_size=16", "trainer.epochs=1", "trainer.device=cpu", "trainer.progress=false",
-           "data.num_workers=0", "trainer.ema_decay=0.9", "trainer.accumulate=2", "trainer.clip_grad_norm=1",
-           "trainer.precise_bn=2", "task.label_smoothing=0.1", "data.mixup_alpha=0.2", "data.cutmix_alpha=1.0",
-           "data.auto_augment=trivialaugment", "data.random_erasing=0.25", "trainer.amp=bf16", f"hydra.run.dir={run}"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO)))
+    proc = torchrun(["train.py", "model=lenet5_bn", "data=fake", "data.image_size=28", "data.train_size=64",
+                     "data.val_size=32", "data.batch_size=16", "trainer.epochs=1", "trainer.device=cpu",
+                     "trainer.progress=false", "data.num_workers=0", "trainer.ema_decay=0.9", "trainer.accumulate=2",
+                     "trainer.clip_grad_norm=1", "trainer.precise_bn=2", "task.label_smoothing=0.1",
+                     "data.mixup_alpha=0.2", "data.cutmix_alpha=1.0", "data.auto_augment=trivialaugment",
+                     "data.random_erasing=0.25", "trainer.amp=bf16", f"hydra.run.dir={run}"], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert record["val_n"] == 32 and {"ema_val_top1", "precise_bn_seconds"} <= set(record)

@@ -7,7 +7,6 @@ tile (LANES_FIRST, chosen per Triton version on a GPU). On a CUDA machine the co
 ResNet-20/50 layer shapes, in fp16/bf16, and through the autograd path of addernet.Adder2d.
 Reference: adder2d_reference (unfold formulation, Eq. 5/7 backward) in float64.
 """
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,10 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 from addernet.ops.kernels import triton as tk  # the tile lists; kernels only with triton
 from addernet.ops.reference import adder2d_reference
+from helpers import REPO, load_script
 
 try:
     import triton
@@ -106,7 +104,7 @@ def _interpreter_main():
 def interpreted():
     if not HAS_TRITON:
         pytest.skip("triton is not installed (it ships with CUDA builds of torch)")
-    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path, CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--interpreter"], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -119,6 +117,7 @@ def interpreted():
     return json.loads(lines[-1][5:])
 
 
+@pytest.mark.slow  # the interpreter runs in a subprocess
 @pytest.mark.parametrize("order", ["", "_lanes_first"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_interpreter_forward_and_grad_input_match_reference(interpreted, name, order):
@@ -128,6 +127,7 @@ def test_interpreter_forward_and_grad_input_match_reference(interpreted, name, o
     assert res["dgrad"] < RTOL, f"grad_input rel. error {res['dgrad']:.2e}"
 
 
+@pytest.mark.slow
 def test_interpreter_every_autotune_config_is_correct(interpreted):
     cfgs = {k: v for k, v in interpreted.items() if k.startswith("config_")}
     assert len(cfgs) == 2 * len(set(tk._FWD_CONFIGS) | set(tk._DGRAD_CONFIGS)), sorted(cfgs)
@@ -152,10 +152,8 @@ def test_bad_inputs_raise_clear_errors():
 
 def _sass_report():
     """scripts/triton_sass_report.py as a module; skip where this triton cannot compile offline."""
-    spec = importlib.util.spec_from_file_location("triton_sass_report", os.path.join(ROOT, "scripts", "triton_sass_report.py"))
-    mod = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(mod)
+        mod = load_script("triton_sass_report")
     except ImportError as e:
         pytest.skip(f"this triton ({triton.__version__}) has no offline compile API the report uses: {e}")
     if not all(os.path.exists(os.path.join(mod.BIN, tool)) for tool in ("ptxas", "cuobjdump")):
