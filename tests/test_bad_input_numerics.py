@@ -51,9 +51,8 @@ def test_official_resnet20_keeps_its_float32_accuracy_under_amp(official_on_samp
     assert abs(top1[amp] - top1["off"]) <= 1.5, top1
 
 
-def test_checkpoint_with_nan_weights_is_refused_naming_the_tensors(tmp_path):
-    run = tmp_path / "run"
-    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+def test_checkpoint_with_nan_weights_is_refused_naming_the_tensors(tmp_path, tiny_run):
+    run = tiny_run("trainer.epochs=1")
     ckpt = load_checkpoint(run / "checkpoints" / "best.pt")
     ckpt["model"]["conv1.weight"][0, 0, 0, 0] = float("nan")
     ckpt["model"]["bn1.running_var"][1] = float("inf")
@@ -82,9 +81,9 @@ def test_values_that_would_fail_inside_torch_are_caught_by_the_checks(overrides,
     assert "\n" not in str(e.value)
 
 
-def test_the_largest_allowed_seed_runs(tmp_path):
+def test_the_largest_allowed_seed_runs(tiny_run):
     """The bound of the seed check is a real limit: 2**32 - 1 trains (seed + rank, seed + epoch fit 64 bits)."""
-    train(compose(FAKE + ["trainer.epochs=1", f"trainer.seed={2 ** 32 - 1}"]), str(tmp_path / "run"))
+    tiny_run("trainer.epochs=1", f"trainer.seed={2 ** 32 - 1}")
 
 
 def _strict_json(text):
@@ -103,10 +102,9 @@ def test_diverged_first_epoch_saves_nothing_and_exits_3(tmp_path):
     assert not (run / "metrics.jsonl").exists() or (run / "metrics.jsonl").read_text() == ""
 
 
-def test_non_finite_buffers_are_not_saved_and_last_good_is_named(tmp_path, monkeypatch):
+def test_non_finite_buffers_are_not_saved_and_last_good_is_named(tiny_run, monkeypatch):
     """Weights that turn inf while the loss stays finite (BN statistics) are caught before the epoch's save."""
-    run = tmp_path / "run"
-    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    run = tiny_run("trainer.epochs=1")
     last = run / "checkpoints" / "last.pt"
     before = last.read_bytes()
     from addernet.engine import fit

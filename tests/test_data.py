@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from addernet.data import DataError, build_dataset, build_loader, seed_epoch
-from helpers import CIFAR10_CLASSES, CIFAR_SAMPLE, compose, trust_cifar10_md5, write_cifar10
+from helpers import CIFAR10_CLASSES, CIFAR_SAMPLE, compose, needs_shared, trust_cifar10_md5, write_cifar10
 
 
 def _cfg(*overrides):
@@ -52,7 +52,7 @@ def test_class_count_mismatch_is_reported(tmp_path, jpeg_cifar):
         build_dataset(_cfg("data=cifar10_folder", f"data.root={jpeg_cifar}"), "train")
 
 
-@pytest.mark.skipif(not CIFAR_SAMPLE.is_dir(), reason=f"shared CIFAR-10 sample not found at {CIFAR_SAMPLE}")
+@needs_shared("cifar10-test-sample")
 def test_val_dir_alone_reads_the_shared_cifar_sample():
     ds = build_dataset(_cfg("data=cifar10_folder", f"data.val_dir={CIFAR_SAMPLE}"), "val")
     assert len(ds) == 1000 and ds.classes == CIFAR10_CLASSES
