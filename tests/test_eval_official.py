@@ -2,18 +2,22 @@
 
 ../shared/official/ResNet20-AdderNet.cifar10-test-sample.jsonl holds the official code's logits for each
 of the 1,000 JPEGs in ../shared/cifar10-test-sample and its summary (pinned top-1, pycls/detectron2 style).
-The full-sample test.py run happens once per session (module fixture) and is shared by the tests.
+The full-sample test.py run happens once (module fixture); a 31-image folder serves the converted checkpoint
+and torchrun.
 """
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import CIFAR_SAMPLE, OFFICIAL_LOGITS, OFFICIAL_R20, REPO, needs_shared, run_train
+from addernet.checkpoint import load_checkpoint
+from addernet.checkpoint.official import load_official
+from addernet.data import build_dataset
+from addernet.models import build_model
+from helpers import CIFAR_SAMPLE, OFFICIAL_LOGITS, OFFICIAL_R20, compose, needs_shared, run_train, torchrun
 
 # every test evaluates the whole 1,000-image sample or starts test.py / torchrun
 pytestmark = [needs_shared("official/ResNet20-AdderNet.pth", "official/ResNet20-AdderNet.cifar10-test-sample.jsonl",
@@ -56,16 +60,8 @@ def test_pinned_top1_on_the_shared_sample(official_run):
 
 def test_every_prediction_and_logit_matches_the_official_code():
     """Same model/data code as test.py, per image: same top-1 class, logits within 1e-3 of their scale."""
-    from hydra import compose, initialize_config_dir
-
-    from addernet.checkpoint import load_checkpoint
-    from addernet.checkpoint.official import load_official
-    from addernet.data import build_dataset
-    from addernet.models import build_model
-
     _, ref = _reference()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("test", overrides=["model=resnet20", *SAMPLE_ARGS])
+    cfg = compose(["model=resnet20", *SAMPLE_ARGS], config_name="test")
     dataset = build_dataset(cfg.data, "val")
     files = [Path(path).relative_to(CIFAR_SAMPLE).as_posix() for path, _ in dataset.samples]
     by_file = {r["file"]: r for r in ref}
@@ -88,31 +84,41 @@ def test_every_prediction_and_logit_matches_the_official_code():
         f"{files[rel.argmax()]} at {rel.max().item():.2e} of its largest logit (median {rel.median().item():.1e})")
 
 
-def test_converted_checkpoint_gives_identical_results(official_run, converted_r20):
-    """convert_official.py writes our format with a config: test.py needs no model= and gets the same numbers."""
-    conv = converted_r20
-    ckpt = torch.load(conv, map_location="cpu", weights_only=True)
+@pytest.fixture(scope="module")
+def small_sample(tmp_path_factory):
+    """31 images of the sample (3 per class + 1: an odd count) in their own folder, and the official code's top-1."""
+    _, ref = _reference()
+    root = tmp_path_factory.mktemp("small_sample")
+    picked = [r for r in ref if int(r["file"].split("/")[1][:4]) < 3] + [ref[-1]]
+    for r in picked:
+        (root / r["file"]).parent.mkdir(exist_ok=True)
+        shutil.copy(CIFAR_SAMPLE / r["file"], root / r["file"])
+    return root, 100.0 * sum(r["pred"] == r["label"] for r in picked) / len(picked)
+
+
+def test_converted_checkpoint_gives_identical_results(converted_r20, small_sample):
+    """convert_official.py writes our format with a config and the official file's very weights: test.py needs
+    no model= and reproduces the official code's predictions."""
+    ckpt = torch.load(converted_r20, map_location="cpu", weights_only=True)
     assert ckpt["config"]["model"] == {"name": "resnet20", "layer": "adder"}
     assert ckpt["config"]["data"]["name"] == "cifar10"
-    _, out = run_test_py([f"checkpoint={conv}", *SAMPLE_ARGS])
-    ref = official_run[0]
-    assert {k: out[k] for k in ("top1", "top5", "n")} == {k: ref[k] for k in ("top1", "top5", "n")}
-    assert out["loss"] == pytest.approx(ref["loss"], rel=1e-6)
+    official = build_model("resnet20")
+    load_official(official, load_checkpoint(OFFICIAL_R20), source=str(OFFICIAL_R20))
+    assert list(ckpt["model"]) == list(official.state_dict())
+    assert all(torch.equal(ckpt["model"][k], v) for k, v in official.state_dict().items())
+    folder, want_top1 = small_sample
+    _, out = run_test_py([f"checkpoint={converted_r20}", "data=cifar10_folder", f"data.val_dir={folder}",
+                          *SAMPLE_ARGS[2:]])
+    assert out["n"] == 31 and out["top1"] == pytest.approx(want_top1, abs=1e-9)
 
 
 @pytest.mark.distributed
-def test_torchrun_two_processes_counts_every_image_once(tmp_path):
+def test_torchrun_two_processes_counts_every_image_once(small_sample):
     """Under torchrun (2 CPU processes, gloo) an odd-sized folder is split without padding or loss."""
-    _, ref = _reference()
-    picked = [r for r in ref if int(r["file"].split("/")[1][:4]) < 3] + [ref[-1]]  # 3 per class + 1: 31 images
-    for r in picked:
-        (tmp_path / r["file"]).parent.mkdir(exist_ok=True)
-        shutil.copy(CIFAR_SAMPLE / r["file"], tmp_path / r["file"])
-    want_top1 = 100.0 * sum(r["pred"] == r["label"] for r in picked) / len(picked)
-    args = [f"checkpoint={OFFICIAL_R20}", "model=resnet20", "data=cifar10_folder", f"data.val_dir={tmp_path}",
+    folder, want_top1 = small_sample
+    args = [f"checkpoint={OFFICIAL_R20}", "model=resnet20", "data=cifar10_folder", f"data.val_dir={folder}",
             "data.num_workers=0", "data.pin_memory=false", "data.batch_size=8", "trainer.progress=false"]
-    r = run_train(["--standalone", "--nproc_per_node=2", "test.py", *args],
-                  script=(sys.executable, "-m", "torch.distributed.run"), timeout=600, env={"OMP_NUM_THREADS": "1"})
+    r = torchrun(["test.py", *args], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["n"] == 31
