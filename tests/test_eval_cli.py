@@ -10,7 +10,7 @@ from addernet.checkpoint import read_checkpoint, save_checkpoint
 from addernet.data import build_dataset
 from addernet.engine.eval_run import effective_config, evaluate_checkpoint
 from addernet.models import build_model
-from helpers import REPO, compose, run_train
+from helpers import compose, run_train
 
 # data.download=false everywhere: if the stored config were ignored, the default data=cifar10 must not
 # reach for the network.
@@ -149,9 +149,6 @@ def test_truncated_file_gets_a_clear_message(our_checkpoint, tmp_path):
 
 def test_missing_foreign_and_absent_checkpoints_raise_clear_errors(tmp_path):
     """Same code path as the CLI (main() prints these CheckpointError/ConfigError messages and exits 2)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
     from addernet.checkpoint import CheckpointError
     from addernet.engine import ConfigError
 
@@ -161,7 +158,6 @@ def test_missing_foreign_and_absent_checkpoints_raise_clear_errors(tmp_path):
     torch.save({"weights": [1, 2], "step": 3}, other)
     with pytest.raises(CheckpointError, match="neither a checkpoint of this repo.*found: weights, step"):
         read_checkpoint(other)
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = hydra_compose("test")
+    cfg = compose([], config_name="test")
     with pytest.raises(ConfigError, match=r"no checkpoint given: python test.py checkpoint=PATH"):
         evaluate_checkpoint(cfg, [])

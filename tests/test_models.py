@@ -6,7 +6,7 @@ import torchvision
 
 from addernet import Adder2d
 from addernet.models import build_model
-from helpers import REPO
+from helpers import compose
 
 # name -> (input channels, input size for the tests, number of classes, multiplicative layers)
 SPECS = {
@@ -23,9 +23,6 @@ FORMS = [(n, layer) for n in SPECS for layer in ("adder", "conv")]
 def _model(name, layer):
     c, _, k, _ = SPECS[name]
     return build_model(name, layer=layer, num_classes=k, in_channels=c)
-
-
-ANY_NETWORK = {"torchvision", "vit"}  # tests/test_anynet.py
 
 
 @pytest.mark.parametrize("name,layer", FORMS)
@@ -139,19 +136,14 @@ def test_in_channels_defaults_follow_the_dataset():
 
 @pytest.mark.parametrize("name,data", [("resnet20", "cifar10"), ("resnet32", "cifar100"), ("vgg_small", "cifar10"),
                                        ("lenet5_bn", "mnist"), ("resnet18", "imagenet"), ("resnet50", "imagenet")])
-def test_model_configs_build_through_hydra(name, data):
-    from hydra import compose, initialize_config_dir
-
-    assert {p.stem for p in (REPO / "configs" / "model").glob("*.yaml")} == set(SPECS) | ANY_NETWORK
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO / "configs")):
-        for layer in ("adder", "conv"):
-            cfg = compose(config_name="train", overrides=[f"model={name}", f"data={data}", f"model.layer={layer}"])
-            assert (cfg.model.name, cfg.model.layer) == (name, layer)
-            with torch.device("meta"):
-                model = build_model(cfg.model.name, layer=cfg.model.layer, num_classes=cfg.data.num_classes,
-                                    in_channels=cfg.data.in_channels).eval()
-            assert any(isinstance(m, Adder2d) for m in model.modules()) == (layer == "adder")
-            if layer == "conv":  # shapes at the dataset's resolution (meta device: no arithmetic)
-                s = cfg.data.image_size
-                y = model(torch.empty(1, cfg.data.in_channels, s, s, device="meta"))
-                assert y.shape == (1, cfg.data.num_classes)
+def test_model_configs_build_at_their_datasets_resolution(name, data):
+    for layer in ("adder", "conv"):
+        cfg = compose([f"model={name}", f"data={data}", f"model.layer={layer}"])
+        with torch.device("meta"):
+            model = build_model(cfg.model.name, layer=cfg.model.layer, num_classes=cfg.data.num_classes,
+                                in_channels=cfg.data.in_channels).eval()
+        assert any(isinstance(m, Adder2d) for m in model.modules()) == (layer == "adder")
+        if layer == "conv":  # shapes at the dataset's resolution (meta device: no arithmetic)
+            s = cfg.data.image_size
+            y = model(torch.empty(1, cfg.data.in_channels, s, s, device="meta"))
+            assert y.shape == (1, cfg.data.num_classes)

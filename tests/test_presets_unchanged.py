@@ -6,14 +6,13 @@ as one tensor (data.on_device=true), which gives the same batches as the per-ima
 keys must give exactly those values; those keys must be at their off value in every preset.
 """
 import json
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import REPO, compose
+from helpers import REPO, TESTS, compose
 
-REFERENCE = json.loads((Path(__file__).parent / "data" / "preset_configs.json").read_text())
+REFERENCE = json.loads((TESTS / "data" / "preset_configs.json").read_text())
 # key -> its off value (the option is disabled)
 NEW_KEYS = {
     "task.label_smoothing": 0.0,

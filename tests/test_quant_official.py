@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import CIFAR_SAMPLE, OFFICIAL_LOGITS, OFFICIAL_R20, SHARED, needs_shared, run_train
+from helpers import CIFAR_SAMPLE, OFFICIAL_LOGITS, OFFICIAL_R20, SHARED, compose, needs_shared, run_train
 
 JPEG = SHARED / "cifar10-jpeg"
 # every test evaluates up to the whole 1,000-image sample in a subprocess or calibrates on 2,048 images
@@ -75,12 +75,8 @@ def test_no_training_split_is_a_clear_error():
 
 def _sample(n_per_class):
     from addernet.data import build_dataset
-    from hydra import compose, initialize_config_dir
 
-    from helpers import REPO
-
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("test", overrides=["model=resnet20", *DATA])
+    cfg = compose(["model=resnet20", *DATA], config_name="test")
     ds = build_dataset(cfg.data, "val")
     pick = [i for i, (_, y) in enumerate(ds.samples) if sum(1 for _, z in ds.samples[:i] if z == y) < n_per_class]
     return torch.stack([ds[i][0] for i in pick])
