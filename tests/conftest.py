@@ -55,3 +55,12 @@ def converted_r20(tmp_path_factory):
     r = run_train([str(OFFICIAL_R20), str(out)], script=("scripts/convert_official.py",), timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return out
+
+
+@pytest.fixture(scope="session")
+def finished_tiny_run(tmp_path_factory):
+    """One finished tiny run (helpers.FAKE, one deterministic epoch), shared by the tests that only read it: its
+    checkpoints, metrics.jsonl and config.yaml must not be changed."""
+    run = tmp_path_factory.mktemp("finished_tiny_run") / "run"
+    train(compose(FAKE + ["trainer.epochs=1", "trainer.deterministic=true"]), str(run))
+    return run

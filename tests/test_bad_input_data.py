@@ -25,7 +25,7 @@ def _eval_cfg(checkpoint, *overrides):
     return compose(args, config_name="test"), args
 
 
-# --- class folders are matched by name, not by sorted position--- ----------------------------------------------
+# --- class folders are matched by name, not by sorted position--- ---------------------------------------------------
 
 def _renamed(src, dst, old="airplane", new="zeppelin"):
     """A copy of the ImageFolder ``src`` (class folders as symlinks) with class ``old`` renamed to ``new``."""
@@ -65,7 +65,7 @@ def test_official_resnet20_refuses_a_renamed_cifar10_folder(tmp_path, monkeypatc
                                         "'airplane'"):
         evaluate_checkpoint(cfg, args)
 
-# --- empty datasets --------------------------------------------------------------------------------------------
+# --- empty datasets -------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("override, message", [
     ("data.train_size=0", "the fake train set is empty .*data.train_size"),
@@ -84,7 +84,7 @@ def test_image_folder_without_images_is_an_error(tmp_path):
     with pytest.raises(DataError, match="not a usable ImageFolder tree|is empty"):
         build_dataset(compose(_folder(tmp_path)).data, "val")
 
-# --- corrupt images ----------------------------------------------------------------------------------------------
+# --- corrupt images -------------------------------------------------------------------------------------------------
 
 @pytest.fixture
 def corrupt_folder(tmp_path, jpeg_cifar):
@@ -124,7 +124,7 @@ def test_skip_corrupt_skips_and_reports_per_epoch(tmp_path, corrupt_folder):
     assert f"skipped unreadable image {bad}" in log
     assert "epoch 1: skipped 1 unreadable training and 0 validation image(s)" in log
 
-# --- batch and input sizes --------------------------------------------------------------------------------------------------
+# --- batch and input sizes ------------------------------------------------------------------------------------------
 
 def test_batch_of_one_is_refused_with_a_valid_suggestion():
     with pytest.raises(ConfigError, match=r"data.batch_size must be an integer >= 2, got 1; e.g. data.batch_size=2"):
@@ -140,7 +140,7 @@ def test_model_that_cannot_take_the_input_size_is_one_message():
         check_config(compose(["model=lenet5_bn"]))
 
 
-# --- the error reaches train.log -------------------------------------------------------------
+# --- the error reaches train.log ------------------------------------------------------------------------------------
 
 def test_failed_run_writes_its_error_to_train_log(tmp_path):
     run = tmp_path / "run"
@@ -148,7 +148,7 @@ def test_failed_run_writes_its_error_to_train_log(tmp_path):
         train(compose(FAKE + ["trainer.epochs=1", "data.val_size=0"]), str(run))
     assert "[ERROR] run stopped: DataError: the fake val set is empty" in (run / "train.log").read_text()
 
-# --- loader workers ----------------------------------------------------------------------------------------------------
+# --- loader workers -------------------------------------------------------------------------------------------------
 
 def test_num_workers_auto_fits_the_machine(monkeypatch):
     cfg = compose(["data.num_workers=auto"]).data

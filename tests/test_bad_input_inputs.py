@@ -97,7 +97,7 @@ def test_names_in_different_unicode_forms_are_shown_by_code_point(small_folder):
         check_classes(["airplane", "automobile", "bird", nfc], ds, "the training set", "rename it")
 
 
-# --- unknown keys, group choices, run dirs: one line, exit 2 ------------------------------------------------------
+# --- unknown keys, group choices, run dirs: one line, exit 2 --------------------------------------------------------
 
 @pytest.mark.parametrize("entry, argv, message", [
     ("train", ["+epochs=3"], r"unknown key epochs \(did you mean trainer.epochs\?\): train.py has no such setting"),
@@ -150,16 +150,7 @@ def test_train_py_exits_2_with_one_line_for_what_hydra_rejects(tmp_path, argv, m
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
-# --- outputs never overwrite a run's files; every entry point checks the stored model like test.py -----------------
-
-@pytest.fixture(scope="module")
-def fake_run(tmp_path_factory):
-    from addernet.engine import train
-
-    run = tmp_path_factory.mktemp("fake_run") / "run"
-    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
-    return run
-
+# --- outputs never overwrite a run's files; every entry point checks the stored model like test.py ------------------
 
 def _eval_args(checkpoint, *extra):
     return [f"checkpoint={checkpoint}", "trainer.progress=false", *extra]
@@ -171,15 +162,15 @@ def _eval_cfg(checkpoint, *overrides):
     return compose(args, config_name="test"), args
 
 
-def test_results_file_never_replaces_a_checkpoint_or_a_run_file(fake_run, tmp_path):
+def test_results_file_never_replaces_a_checkpoint_or_a_run_file(finished_tiny_run, tmp_path):
     from addernet.engine.eval_run import check_results_file, report
     from addernet.engine import ConfigError
 
-    best, last = fake_run / "checkpoints" / "best.pt", fake_run / "checkpoints" / "last.pt"
+    best, last = finished_tiny_run / "checkpoints" / "best.pt", finished_tiny_run / "checkpoints" / "last.pt"
     kept = last.read_bytes()
     with pytest.raises(ConfigError, match=r"results_file=.*best.pt is the input checkpoint itself"):
         check_results_file(str(best), str(best))
-    for other in (last, fake_run / "metrics.jsonl", fake_run / "config.yaml"):
+    for other in (last, finished_tiny_run / "metrics.jsonl", finished_tiny_run / "config.yaml"):
         with pytest.raises(ConfigError, match=r"exists and is not a results file \(one JSON line\)"):
             check_results_file(str(other), str(best))
     assert last.read_bytes() == kept
@@ -188,11 +179,11 @@ def test_results_file_never_replaces_a_checkpoint_or_a_run_file(fake_run, tmp_pa
     check_results_file(str(earlier), str(best))
 
 
-def test_scripts_refuse_an_adder_checkpoint_as_its_cnn_twin(fake_run):
+def test_scripts_refuse_an_adder_checkpoint_as_its_cnn_twin(finished_tiny_run):
     from addernet.engine import ConfigError
     from addernet.quant.loading import load_float_model
 
-    best = fake_run / "checkpoints" / "best.pt"
+    best = finished_tiny_run / "checkpoints" / "best.pt"
     for entry in ("export_onnx", "quantize"):
         args = _eval_args(best, "model.layer=conv", "+out=x.onnx")
         with pytest.raises(ConfigError, match=r"trained as a different model: model.layer=conv \(trained as "
@@ -200,26 +191,26 @@ def test_scripts_refuse_an_adder_checkpoint_as_its_cnn_twin(fake_run):
             load_float_model(compose(args, config_name=entry), args, entry=entry)
 
 
-def test_an_override_the_evaluated_dataset_ignores_is_refused(fake_run):
+def test_an_override_the_evaluated_dataset_ignores_is_refused(finished_tiny_run):
     from addernet.engine import ConfigError
     from addernet.engine.eval_run import evaluate_checkpoint
 
-    args = _eval_args(fake_run / "checkpoints" / "best.pt", "data=fake", "+data.val_dir=/somewhere/else")
+    args = _eval_args(finished_tiny_run / "checkpoints" / "best.pt", "data=fake", "+data.val_dir=/somewhere/else")
     with pytest.raises(ConfigError, match=r"data.val_dir is not a setting of data=fake .*would be ignored"):
         evaluate_checkpoint(compose(args, config_name="test"), args[:2] + args[3:])  # data=fake: implied by test.py
 
 
 @pytest.mark.slow
-def test_quantize_out_never_replaces_a_training_checkpoint(fake_run):
-    last = fake_run / "checkpoints" / "last.pt"
+def test_quantize_out_never_replaces_a_training_checkpoint(finished_tiny_run):
+    last = finished_tiny_run / "checkpoints" / "last.pt"
     kept = last.read_bytes()
-    r = run_train([f"checkpoint={fake_run / 'checkpoints' / 'best.pt'}", f"out={last}", "quant.bits=8",
+    r = run_train([f"checkpoint={finished_tiny_run / 'checkpoints' / 'best.pt'}", f"out={last}", "quant.bits=8",
                    "quant.calib_images=8", "quant.calib_batch_size=4"], script=("scripts/quantize.py",), timeout=180)
     assert r.returncode == 2 and f"out={last} exists; it is not replaced unless you pass overwrite=true" in r.stderr
     assert last.read_bytes() == kept
 
 
-# --- files: disk full, umask, zip bombs -------------------------------------------------------------------------------
+# --- files: disk full, umask, zip bombs -----------------------------------------------------------------------------
 
 def test_disk_full_is_named_by_the_os_error(tmp_path, monkeypatch):
     from addernet.checkpoint import CheckpointError, save_checkpoint
@@ -262,11 +253,11 @@ def test_a_zip_bomb_checkpoint_is_refused_before_reading(tmp_path):
     assert torch.equal(load_checkpoint(good)["w"], torch.zeros(4))
 
 
-def test_calibration_never_ends_with_a_batch_of_one(fake_run):
+def test_calibration_never_ends_with_a_batch_of_one(finished_tiny_run):
     from addernet.engine import ConfigError
     from addernet.quant.cli import calibration_loader
 
-    args = _eval_args(fake_run / "checkpoints" / "best.pt")
+    args = _eval_args(finished_tiny_run / "checkpoints" / "best.pt")
     cfg = compose(args + ["data=fake", "data.train_size=32", "data.image_size=28", "quant.calib_images=1"],
                   config_name="test")
     with pytest.raises(ConfigError, match=r"quant.calib_images=1 .*needs batches of at least 2 images"):
@@ -290,14 +281,14 @@ def test_a_failed_multirun_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert len((job1 / "metrics.jsonl").read_text().splitlines()) == 1  # job 1 ran to the end
 
 
-def test_a_bare_state_dict_is_not_evaluated_as_the_other_twin(fake_run, tmp_path):
+def test_a_bare_state_dict_is_not_evaluated_as_the_other_twin(finished_tiny_run, tmp_path):
     """No stored config: the BatchNorm running means after the body layers tell adder (all negative) from conv."""
     from addernet.checkpoint import load_checkpoint, save_checkpoint
     from addernet.engine import ConfigError
     from addernet.engine.eval_run import evaluate_checkpoint
 
     bare = tmp_path / "bare.pt"
-    save_checkpoint(load_checkpoint(fake_run / "checkpoints" / "best.pt")["model"], bare)
+    save_checkpoint(load_checkpoint(finished_tiny_run / "checkpoints" / "best.pt")["model"], bare)
     common = _eval_args(bare, "model=lenet5_bn", "data=fake", "data.val_size=8", "data.image_size=28", *FAST[1:])
     args = common + ["model.layer=conv"]
     with pytest.raises(ConfigError, match=r"bare.pt holds weights trained as model.layer=adder .*built with "
@@ -327,7 +318,7 @@ def test_hydra_flags_and_their_values_are_not_taken_for_overrides():
         check_argv(["--cfg", "job", "trainer.epoch=3"], "train")
 
 
-# --- an adder checkpoint is never evaluated as its CNN twin ---------------------------------------
+# --- an adder checkpoint is never evaluated as its CNN twin ---------------------------------------------------------
 
 def test_test_py_refuses_an_adder_checkpoint_as_conv(tmp_path, monkeypatch):
     monkeypatch.setattr(eval_run, "evaluate", lambda *a, **k: pytest.fail("evaluated the wrong model"))

@@ -14,6 +14,7 @@ from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoin
 from addernet.checkpoint.official import load_official
 from addernet.engine import ConfigError, NonFiniteLoss, check_config, evaluate, train
 from addernet.engine.eval_run import evaluate_checkpoint, report
+from addernet.engine.evaluate import logits_and_loss
 from addernet.engine.outputs import json_line
 from addernet.models import build_model
 from helpers import CIFAR_SAMPLE, FAKE, OFFICIAL_R20, compose
@@ -21,7 +22,8 @@ from helpers import CIFAR_SAMPLE, FAKE, OFFICIAL_R20, compose
 
 @pytest.fixture(scope="module")
 def official_on_sample():
-    """The official ResNet-20 and every 5th image of the shared CIFAR-10 sample (200 images, 20 per class)."""
+    """The official ResNet-20, every 5th image of the shared CIFAR-10 sample (200 images, 20 per class), and the
+    float32 (trainer.amp=off) predictions and top-1 on them."""
     if not (OFFICIAL_R20.is_file() and CIFAR_SAMPLE.is_dir()):
         pytest.skip(f"{OFFICIAL_R20} or {CIFAR_SAMPLE} absent: ../shared is not part of a user's clone")
     model = build_model("resnet20", "adder", num_classes=10, in_channels=3)
@@ -29,12 +31,11 @@ def official_on_sample():
     tf = transforms.Compose([transforms.ToTensor(),
                              transforms.Normalize((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))])
     sample = torch.utils.data.Subset(datasets.ImageFolder(str(CIFAR_SAMPLE), tf), range(0, 1000, 5))
-    return model.eval(), torch.utils.data.DataLoader(sample, batch_size=100)
+    model, loader = model.eval(), torch.utils.data.DataLoader(sample, batch_size=100)
+    return model, loader, _predictions(model, loader, "off"), evaluate(model, loader, "cpu", amp="off")["top1"]
 
 
 def _predictions(model, loader, amp):
-    from addernet.engine.evaluate import logits_and_loss
-
     with torch.no_grad():
         return torch.cat([logits_and_loss(model, x, y, amp)[0].argmax(1) for x, y in loader])
 
@@ -43,16 +44,15 @@ def _predictions(model, loader, amp):
 def test_official_resnet20_keeps_its_float32_accuracy_under_amp(official_on_sample, amp):
     """Adder outputs (~1e4) minus BatchNorm's mean of the same size: rounded to bf16 they become noise
     (40% instead of 81% on this sample); the adder layers and their BatchNorm run in float32 under autocast."""
-    model, loader = official_on_sample
-    reference = _predictions(model, loader, "off")
+    model, loader, reference, top1_off = official_on_sample
     got = _predictions(model, loader, amp)
     assert (got == reference).float().mean() >= 0.97
-    top1 = {a: evaluate(model, loader, "cpu", amp=a)["top1"] for a in ("off", amp)}
-    assert abs(top1[amp] - top1["off"]) <= 1.5, top1
+    top1 = evaluate(model, loader, "cpu", amp=amp)["top1"]
+    assert abs(top1 - top1_off) <= 1.5, (top1, top1_off)
 
 
-def test_checkpoint_with_nan_weights_is_refused_naming_the_tensors(tmp_path, tiny_run):
-    run = tiny_run("trainer.epochs=1")
+def test_checkpoint_with_nan_weights_is_refused_naming_the_tensors(tmp_path, finished_tiny_run):
+    run = finished_tiny_run
     ckpt = load_checkpoint(run / "checkpoints" / "best.pt")
     ckpt["model"]["conv1.weight"][0, 0, 0, 0] = float("nan")
     ckpt["model"]["bn1.running_var"][1] = float("inf")
@@ -91,7 +91,7 @@ def _strict_json(text):
     return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in JSON: {text}"))
 
 
-# --- non-finite state is never saved; JSON never holds a bare NaN ---------------------------------------------
+# --- non-finite state is never saved; JSON never holds a bare NaN ---------------------------------------------------
 
 def test_diverged_first_epoch_saves_nothing_and_exits_3(tmp_path):
     run = tmp_path / "run"

@@ -29,18 +29,22 @@ FAKE = ["data=fake", "data.train_size=64", "data.val_size=8", "data.batch_size=8
         "trainer.deterministic=true", "task.name=helpers.SlowStepTask"]
 
 
-def test_sigterm_is_honoured_at_the_next_step_not_the_next_log_line(tmp_path, monkeypatch):
+def test_sigterm_is_honoured_at_the_next_step_and_resumes_from_an_explicit_path(tmp_path, monkeypatch):
+    """log_every=50 > the steps of an epoch: the stop comes at the next step; trainer.resume=<its last.pt> in a new
+    run dir then continues mid-epoch to exactly the metrics of an uninterrupted run."""
     assert compose(FAKE).trainer.log_every == 50
     train(compose(FAKE + ["trainer.epochs=2"]), str(tmp_path / "reference"))
     monkeypatch.setattr(SlowStepTask, "steps", 0)
     run = tmp_path / "run"
-    with pytest.raises(Preempted, match=r"stopped by SIGTERM at epoch 2 step 3; saved"):
+    with pytest.raises(Preempted, match=r"stopped by SIGTERM at epoch 2 step 3; saved .*last.pt"):
         train(compose(FAKE + ["trainer.epochs=2", "+task.sigterm_step=11"]), str(run))  # step 3 of epoch 2
-    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
+    last = run / "checkpoints" / "last.pt"
+    ckpt = load_checkpoint(last)
     assert (ckpt["epoch"], ckpt["step"]) == (1, 3)
-    train(compose(FAKE + ["trainer.epochs=2", "+task.sigterm_step=11"]), str(run))  # resumes: no 11th step now
-    assert metrics_without_timing(run / "metrics.jsonl") == metrics_without_timing(tmp_path / "reference" /
-                                                                                   "metrics.jsonl")
+    train(compose(FAKE + ["trainer.epochs=2", "+task.sigterm_step=11", f"trainer.resume={last}"]),
+          str(tmp_path / "new"))  # the same command: step 11 is behind the counter now
+    assert metrics_without_timing(tmp_path / "new" / "metrics.jsonl") == \
+        metrics_without_timing(tmp_path / "reference" / "metrics.jsonl")
 
 
 @pytest.mark.slow

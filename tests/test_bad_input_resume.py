@@ -31,12 +31,6 @@ def _run(tmp_path, *extra, name="run"):
     return run
 
 
-@pytest.fixture(scope="module")
-def one_epoch(tmp_path_factory):
-    """A finished one-epoch run, shared by the tests that only read its checkpoints."""
-    return _run(tmp_path_factory.mktemp("one_epoch"), "trainer.epochs=1")
-
-
 def _log(run):
     return (run / "train.log").read_text()
 
@@ -168,8 +162,8 @@ def test_switching_optimizer_on_resume_is_one_line(tmp_path):
     ("optimizer", {}, r"optimizer must be an optimizer state_dict"),
     ("step", 2, r"mid-epoch checkpoint \(step > 0\) must hold one RNG state per process"),
 ])
-def test_hand_edited_checkpoint_fields_are_one_line(tmp_path, one_epoch, field, value, message):
-    run = one_epoch
+def test_hand_edited_checkpoint_fields_are_one_line(tmp_path, finished_tiny_run, field, value, message):
+    run = finished_tiny_run
     edited = tmp_path / "edited.pt"
     ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
     ckpt[field] = value
@@ -181,8 +175,8 @@ def test_hand_edited_checkpoint_fields_are_one_line(tmp_path, one_epoch, field, 
 
 @pytest.mark.parametrize("value, message", [("x", "format_version 'x', which is not a version"),
                                             (2, "format_version 2, newer than this code's 1")])
-def test_test_py_checks_format_version_like_resume(tmp_path, one_epoch, value, message):
-    run = one_epoch
+def test_test_py_checks_format_version_like_resume(tmp_path, finished_tiny_run, value, message):
+    run = finished_tiny_run
     ckpt = load_checkpoint(run / "checkpoints" / "best.pt")
     ckpt["format_version"] = value
     edited = tmp_path / "edited.pt"
@@ -192,7 +186,7 @@ def test_test_py_checks_format_version_like_resume(tmp_path, one_epoch, value, m
         evaluate_checkpoint(compose(args, config_name="test"), args)
 
 
-# --- a resume with a different model or schedule ------------------------------------------------------------------
+# --- a resume with a different model or schedule --------------------------------------------------------------------
 
 def test_resume_with_the_other_layer_is_refused_and_keeps_the_config(tmp_path):
     run = tmp_path / "run"
@@ -203,7 +197,7 @@ def test_resume_with_the_other_layer_is_refused_and_keeps_the_config(tmp_path):
     assert (run / "config.yaml").read_text() == before
 
 
-# --- resuming with more epochs recomputes the schedule ----------------------------------------------------------
+# --- resuming with more epochs recomputes the schedule --------------------------------------------------------------
 
 def test_resume_with_more_epochs_continues_the_schedule_of_the_new_length(tmp_path):
     run = tmp_path / "run"
@@ -217,7 +211,7 @@ def test_resume_with_more_epochs_continues_the_schedule_of_the_new_length(tmp_pa
     assert ckpt["epoch"] == 3 and ckpt["config"]["trainer"]["epochs"] == 3
     assert OmegaConf.load(run / "config.yaml").trainer.epochs == 3
 
-# --- one run per run dir ---------------------------------------------------------------------------------------
+# --- one run per run dir --------------------------------------------------------------------------------------------
 
 def test_a_locked_run_dir_fails_at_once_and_is_left_alone(tmp_path):
     run = tmp_path / "run"
@@ -252,7 +246,7 @@ def test_concurrent_train_py_in_one_run_dir(tmp_path):
     assert [r["epoch"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [1, 2]
 
 
-# --- interrupted writes: stale temporaries, a full disk ------------------------------------------------------------------------------------------
+# --- interrupted writes: stale temporaries, a full disk -------------------------------------------------------------
 
 def test_stale_tmp_files_are_removed_at_start(tmp_path):
     run = tmp_path / "run"

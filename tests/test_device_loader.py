@@ -13,8 +13,9 @@ from torch.utils.data import DistributedSampler, Subset, TensorDataset
 from addernet.checkpoint import load_checkpoint
 from addernet.data import DataError, DeviceLoader, build_dataset, build_loader, epoch_seed, iter_from, seed_epoch
 from addernet.engine import Preempted, train
+from addernet.engine.eval_run import evaluate_checkpoint
 from helpers import SigtermOn as _SigtermOn
-from helpers import (compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10, write_jpeg_folder,
+from helpers import (FAST, compose, metrics_without_timing, trust_cifar10_md5, write_cifar10, write_jpeg_folder,
                      write_mnist)
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
@@ -206,20 +207,16 @@ def test_mixed_image_sizes_are_refused(tmp_path):
 
 # ------------------------------------------------------------------------------------------- end to end
 
-FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
-
-
-@pytest.mark.slow
-def test_train_py_and_test_py_on_device(tmp_path, jpeg_cifar):
+def test_training_and_test_py_evaluation_on_device(tmp_path, jpeg_cifar):
     run = tmp_path / "run"
-    res = run_train(["data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.batch_size=16",
-                     "model=lenet5_bn", "data.image_size=28", "data.on_device=true", "trainer.epochs=1", f"hydra.run.dir={run}", *FAST])
-    assert res.returncode == 0, res.stderr[-3000:]
+    train(compose(["data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.batch_size=16",
+                   "model=lenet5_bn", "data.image_size=28", "data.on_device=true", "trainer.epochs=1", *FAST]),
+          str(run))
     [record] = metrics_without_timing(run / "metrics.jsonl")
     assert record["val_n"] == 37 and "48 train / 37 val images" in (run / "train.log").read_text()
-    res = run_train([f"checkpoint={run / 'checkpoints' / 'last.pt'}"], script=("test.py",))
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert f'"top1": {record["val_top1"]}' in res.stdout.splitlines()[-1]
+    args = [f"checkpoint={run / 'checkpoints' / 'last.pt'}", "trainer.progress=false"]
+    result = evaluate_checkpoint(compose(args, config_name="test"), args)  # test.py: the stored config's data
+    assert result["n"] == 37 and result["top1"] == record["val_top1"]
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ def test_a_task_module_adds_its_parts_to_metrics_tensorboard_and_log(tmp_path):
 
 
 def test_a_task_owned_module_trains_is_checkpointed_and_resumes_exactly(tmp_path):
-    base = [*LENET_FAKE, "data.train_size=48", "data.batch_size=8", "trainer.epochs=2", "trainer.deterministic=true",
+    base = [*LENET_FAKE, "data.train_size=32", "data.batch_size=8", "trainer.epochs=2", "trainer.deterministic=true",
             "trainer.log_every=1", "task.name=helpers.AuxHeadTask"]
     train(compose(base), str(tmp_path / "reference"))
     ref = load_checkpoint(tmp_path / "reference" / "checkpoints" / "last.pt")
@@ -68,7 +68,7 @@ def test_a_task_owned_module_trains_is_checkpointed_and_resumes_exactly(tmp_path
     assert not torch.equal(head["weight"], untrained["weight"])  # in the optimizer: it trained
     assert all(n in ref["optimizer"]["state"] for n in range(len(ref["optimizer"]["param_groups"][1]["params"])))
 
-    trigger = _SigtermOn("epoch 2/2 step 3/6")
+    trigger = _SigtermOn("epoch 2/2 step 3/4")
     logging.getLogger("addernet.train").addHandler(trigger)
     try:
         with pytest.raises(errors.Preempted):
@@ -125,11 +125,11 @@ def _count_host_syncs(monkeypatch, tmp_path, name, train_size, log_every):
 
 
 def test_training_steps_make_no_host_synchronisation_beyond_the_configured_checks(tmp_path, monkeypatch):
-    few = _count_host_syncs(monkeypatch, tmp_path, "a", train_size=64, log_every=1000)    # 4 steps, no check
-    many = _count_host_syncs(monkeypatch, tmp_path, "b", train_size=256, log_every=1000)  # 16 steps, no check
+    few = _count_host_syncs(monkeypatch, tmp_path, "a", train_size=32, log_every=1000)    # 2 steps, no check
+    many = _count_host_syncs(monkeypatch, tmp_path, "b", train_size=128, log_every=1000)  # 8 steps, no check
     assert few["check"] == many["check"] == 0
     assert few["sync"] == many["sync"]  # the epoch-end check only: independent of the number of steps
-    checked = _count_host_syncs(monkeypatch, tmp_path, "c", train_size=256, log_every=4)  # 16 steps, 4 checks
+    checked = _count_host_syncs(monkeypatch, tmp_path, "c", train_size=128, log_every=2)  # 8 steps, 4 checks
     assert checked["check"] == 4 and checked["sync"] > many["sync"]
 
 

@@ -2,6 +2,8 @@
 entry): against a float64 reference of the quantised model written from the formulas, against the
 layer-by-layer QAdder2d model, over batch and thread splits, 8/4/12 bits (uint8 and uint16 lanes), groups
 with different scales; load_quantized(path); the official checkpoint on sample images."""
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,6 +23,7 @@ def _images(n, seed):
     return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
 
 
+@functools.cache  # built once per bit width for this module's tests, which only read it
 @torch.no_grad()
 def _quantised_resnet20(bits, groups=4):
     """A ResNet-20 with BatchNorm statistics from its own activations, filters spread over a wide range of
