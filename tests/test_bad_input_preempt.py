@@ -29,6 +29,7 @@ FAKE = ["data=fake", "data.train_size=64", "data.val_size=8", "data.batch_size=8
         "trainer.deterministic=true", "task.name=helpers.SlowStepTask"]
 
 
+@pytest.mark.slow  # three runs, about 30 steps
 def test_sigterm_is_honoured_at_the_next_step_and_resumes_from_an_explicit_path(tmp_path, monkeypatch):
     """log_every=50 > the steps of an epoch: the stop comes at the next step; trainer.resume=<its last.pt> in a new
     run dir then continues mid-epoch to exactly the metrics of an uninterrupted run."""

@@ -17,6 +17,7 @@ def _records(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # a whole run logged to MLflow's file store
 def test_mlflow_file_store_run_has_the_scalars_params_and_config(tmp_path):
     pytest.importorskip("mlflow", reason="pip install mlflow-skinny")
     from mlflow.tracking import MlflowClient
