@@ -57,6 +57,7 @@ def test_a_task_module_adds_its_parts_to_metrics_tensorboard_and_log(tmp_path):
     assert norm["l2"] < 0.9 * norm["plain"]
 
 
+@pytest.mark.slow  # three runs, about 20 steps
 def test_a_task_owned_module_trains_is_checkpointed_and_resumes_exactly(tmp_path):
     base = [*LENET_FAKE, "data.train_size=32", "data.batch_size=8", "trainer.epochs=2", "trainer.deterministic=true",
             "trainer.log_every=1", "task.name=helpers.AuxHeadTask"]
@@ -124,6 +125,7 @@ def _count_host_syncs(monkeypatch, tmp_path, name, train_size, log_every):
     return counts
 
 
+@pytest.mark.slow  # three runs, 18 steps, every tensor read traced
 def test_training_steps_make_no_host_synchronisation_beyond_the_configured_checks(tmp_path, monkeypatch):
     few = _count_host_syncs(monkeypatch, tmp_path, "a", train_size=32, log_every=1000)    # 2 steps, no check
     many = _count_host_syncs(monkeypatch, tmp_path, "b", train_size=128, log_every=1000)  # 8 steps, no check
