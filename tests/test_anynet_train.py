@@ -11,7 +11,7 @@ from addernet.engine import train
 from addernet.engine.eval_run import evaluate_checkpoint
 from helpers import child_env, compose, run_train
 
-pytestmark = pytest.mark.slow  # whole training runs of ImageNet-style networks, and torchrun
+pytestmark = pytest.mark.slow  # training runs of a full-size torchvision ResNet-18, and torchrun
 
 FAST = ["data=fake", "data.train_size=16", "data.val_size=8", "data.batch_size=8", "trainer.progress=false",
         "trainer.device=cpu", "trainer.log_every=1"]
