@@ -37,7 +37,7 @@ def tiny_run(tmp_path):
     return run
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def official_r20():
     """The official ResNet-20 AdderNet checkpoint in ../shared; the test is skipped where it is absent."""
     if not OFFICIAL_R20.is_file():
@@ -46,13 +46,11 @@ def official_r20():
 
 
 @pytest.fixture(scope="session")
-def converted_r20(tmp_path_factory):
+def converted_r20(tmp_path_factory, official_r20):
     """The official ResNet-20 converted once by scripts/convert_official.py into this repo's checkpoint format
     (a subprocess: tests using it are slow); skipped where the official checkpoint is absent."""
-    if not OFFICIAL_R20.is_file():
-        pytest.skip(f"official checkpoint {OFFICIAL_R20} absent: ../shared is not part of a user's clone")
     out = tmp_path_factory.mktemp("converted") / "resnet20_official.pt"
-    r = run_train([str(OFFICIAL_R20), str(out)], script=("scripts/convert_official.py",), timeout=120)
+    r = run_train([str(official_r20), str(out)], script=("scripts/convert_official.py",), timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return out
 
