@@ -10,14 +10,13 @@ from addernet import AdaptiveLR, Adder2d
 from addernet.checkpoint import load_checkpoint
 from addernet.data import build_loader
 from addernet.engine import NonFiniteLoss, evaluate, model_from_config, train
-from helpers import CIFAR10_CLASSES, compose, run_train, trust_cifar10_md5, write_cifar10
+from helpers import CIFAR10_CLASSES, FAKE, FAST, compose, run_train, trust_cifar10_md5, write_cifar10
 
 METRIC_KEYS = {"epoch", "lr", "train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "val_n",
                "epoch_seconds", "images_per_s", "val_images_per_s"}
 CKPT_KEYS = {"format_version", "model", "optimizer", "scheduler", "scaler", "epoch", "step", "best_top1",
              "best_epoch", "history", "train_sums", "rng", "config", "world_size", "classes"}  # classes: CIFAR names
 TB_SCALARS = {"train/loss", "train/top1", "val/loss", "val/top1", "val/top5", "lr", "images_per_s"}
-FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
 
 
 def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
@@ -88,14 +87,11 @@ def test_train_py_on_a_jpeg_image_folder(tmp_path, jpeg_cifar):
     assert {p.name for p in (run / "checkpoints").iterdir()} == {"last.pt", "best.pt"}
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
-    base = ["data=fake", "data.train_size=32", "data.val_size=8", "data.batch_size=16", "model=lenet5_bn",
-            "data.image_size=28", *FAST]
-    run = tmp_path / "run"
-    train(compose(base + ["trainer.epochs=1"]), str(run))
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_run):
+    run = tiny_run("trainer.epochs=1")
     last = run / "checkpoints" / "last.pt"
     before = last.read_bytes()
-    poisoned = compose(base + ["trainer.epochs=2", "data.std=[1e-45,1e-45,1e-45]",  # inputs overflow to inf
+    poisoned = compose(FAKE + ["trainer.epochs=2", "data.std=[1e-45,1e-45,1e-45]",  # inputs overflow to inf
                               "trainer.resume_override=true"])
     with pytest.raises(NonFiniteLoss, match="non-finite loss .* epoch 2 step 1.*last good state \\(epoch 1\\)"):
         train(poisoned, str(run))
