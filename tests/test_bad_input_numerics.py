@@ -40,6 +40,7 @@ def _predictions(model, loader, amp):
         return torch.cat([logits_and_loss(model, x, y, amp)[0].argmax(1) for x, y in loader])
 
 
+@pytest.mark.slow  # 1,200 ResNet-20 image evaluations
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_official_resnet20_keeps_its_float32_accuracy_under_amp(official_on_sample, amp):
     """Adder outputs (~1e4) minus BatchNorm's mean of the same size: rounded to bf16 they become noise

@@ -38,6 +38,7 @@ def test_deterministic_run_reproduces_the_pinned_numbers(tmp_path, monkeypatch, 
     assert metrics_without_timing(tmp_path / "run" / "metrics.jsonl") == PINNED
 
 
+@pytest.mark.slow  # two runs, 16 steps
 def test_a_task_module_adds_its_parts_to_metrics_tensorboard_and_log(tmp_path):
     base = [*LENET_FAKE, "data.train_size=64", "trainer.epochs=2", "trainer.seed=0"]
     train(compose(base + ["task.name=helpers.L2PenaltyTask", "+task.weight=0.01"]), str(tmp_path / "l2"))

@@ -18,6 +18,7 @@ SPECS = {
     "resnet50": (3, 32, 1000, {"conv1", "fc"}),
 }
 FORMS = [(n, layer) for n in SPECS for layer in ("adder", "conv")]
+FULL_SIZE = {"resnet18", "resnet50"}  # ImageNet networks: their forward/backward passes are slow tests
 
 
 def _model(name, layer):
@@ -25,7 +26,8 @@ def _model(name, layer):
     return build_model(name, layer=layer, num_classes=k, in_channels=c)
 
 
-@pytest.mark.parametrize("name,layer", FORMS)
+@pytest.mark.parametrize("name,layer", [pytest.param(n, layer, marks=[pytest.mark.slow] if n in FULL_SIZE else [])
+                                        for n, layer in FORMS])
 def test_forward_backward_shape_and_grads(name, layer):
     torch.manual_seed(0)
     c, s, k, _ = SPECS[name]
@@ -89,6 +91,7 @@ def test_every_body_layer_is_followed_by_batchnorm(name):
             assert isinstance(nxt, nn.BatchNorm2d), f"{names[m]} is followed by {names[nxt]}"
 
 
+@pytest.mark.slow  # two full-size networks
 def test_imagenet_resnets_match_torchvision_layout():
     """With torchvision's weights, our CNN ResNet-18/50 compute torchvision's logits (bn2 neutral in eval)."""
     torch.manual_seed(0)

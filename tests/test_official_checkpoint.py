@@ -31,7 +31,7 @@ def test_renaming_strips_dataparallel_prefix_and_adder_names():
     assert torch.equal(out["layer1.0.conv1.bias"], sd["module.layer1.0.conv1.b"])
 
 
-@pytest.mark.parametrize("name", ["resnet20", "resnet50"])
+@pytest.mark.parametrize("name", ["resnet20", pytest.param("resnet50", marks=pytest.mark.slow)])
 def test_official_layout_round_trips_onto_our_models(name):
     """A state_dict in the official layout (as the official resnet20.py/resnet50.py save it) loads exactly."""
     torch.manual_seed(0)
