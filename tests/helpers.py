@@ -3,6 +3,8 @@ signals at a known step, script loading, the shared data's paths.
 
 Imported by the test modules (``from helpers import ...``); pytest fixtures live in conftest.py.
 """
+import copy
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -16,6 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
@@ -153,13 +157,17 @@ class SigtermOn(logging.Handler):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def compose(overrides=(), config_name="train"):
-    """Compose configs/<config_name>.yaml (train.yaml, test.yaml) with ``overrides`` through Hydra's compose API."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
+@functools.cache
+def _composed(overrides, config_name):
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         return hydra_compose(config_name=config_name, overrides=list(overrides))
+
+
+def compose(overrides=(), config_name="train"):
+    """Compose configs/<config_name>.yaml (train.yaml, test.yaml) with ``overrides`` through Hydra's compose API.
+
+    Each distinct composition runs once per session (about 0.15 s each); every call returns its own copy."""
+    return copy.deepcopy(_composed(tuple(overrides), config_name))
 
 
 def child_env(**extra):
