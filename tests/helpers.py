@@ -166,7 +166,7 @@ def _composed(overrides, config_name):
 def compose(overrides=(), config_name="train"):
     """Compose configs/<config_name>.yaml (train.yaml, test.yaml) with ``overrides`` through Hydra's compose API.
 
-    Each distinct composition runs once per session (about 0.15 s each); every call returns its own copy."""
+    Each distinct composition runs once per pytest run; every call returns its own copy."""
     return copy.deepcopy(_composed(tuple(overrides), config_name))
 
 
