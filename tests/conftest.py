@@ -1,7 +1,11 @@
 """pytest fixtures shared by the test modules (plain helpers are in helpers.py)."""
-import pytest
 
-from helpers import write_jpeg_folder
+import pytest
+import torch
+
+from addernet.engine import train
+
+from helpers import FAKE, OFFICIAL_R20, compose, run_train, write_jpeg_folder
 
 
 @pytest.fixture
@@ -12,3 +16,52 @@ def jpeg_cifar(tmp_path_factory):
     write_jpeg_folder(root / "test", 9, seed=2)
     (root / "test" / "automobile" / "extra.jpg").write_bytes((root / "test" / "airplane" / "0.jpg").read_bytes())
     return root
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test (hundreds of tiny ops run fastest so on a loaded machine); restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    """Train a tiny run in-process: ``tiny_run(*overrides, name="run")`` composes train.yaml with helpers.FAKE and
+    the overrides, trains into tmp_path/name and returns that run dir."""
+
+    def run(*overrides, name="run"):
+        path = tmp_path / name
+        train(compose(FAKE + list(overrides)), str(path))
+        return path
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def official_r20():
+    """The official ResNet-20 AdderNet checkpoint in ../shared; the test is skipped where it is absent."""
+    if not OFFICIAL_R20.is_file():
+        pytest.skip(f"official checkpoint {OFFICIAL_R20} absent: ../shared is not part of a user's clone")
+    return OFFICIAL_R20
+
+
+@pytest.fixture(scope="session")
+def converted_r20(tmp_path_factory, official_r20):
+    """The official ResNet-20 converted once by scripts/convert_official.py into this repo's checkpoint format
+    (a subprocess: tests using it are slow); skipped where the official checkpoint is absent."""
+    out = tmp_path_factory.mktemp("converted") / "resnet20_official.pt"
+    r = run_train([str(official_r20), str(out)], script=("scripts/convert_official.py",), timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def finished_tiny_run(tmp_path_factory):
+    """One finished tiny run (helpers.FAKE, one deterministic epoch), shared by the tests that only read it: its
+    checkpoints, metrics.jsonl and config.yaml must not be changed."""
+    run = tmp_path_factory.mktemp("finished_tiny_run") / "run"
+    train(compose(FAKE + ["trainer.epochs=1", "trainer.deterministic=true"]), str(run))
+    return run

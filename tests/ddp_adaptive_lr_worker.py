@@ -4,6 +4,7 @@ Run as ``torchrun --nproc_per_node=2 ddp_adaptive_lr_worker.py OUT_DIR``: every 
 its slice of each batch with AdaptiveLR attached and saves its weights to OUT_DIR/rank{r}.pt.
 The test imports the same module to run the single-process reference on the whole batch.
 """
+
 import sys
 
 import torch
@@ -43,8 +44,13 @@ def build_model():
 
 def make_batches():
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(BATCH, 3, 8, 8, generator=g, dtype=torch.float64),
-             torch.randint(0, NUM_CLASSES, (BATCH,), generator=g)) for _ in range(STEPS)]
+    return [
+        (
+            torch.randn(BATCH, 3, 8, 8, generator=g, dtype=torch.float64),
+            torch.randint(0, NUM_CLASSES, (BATCH,), generator=g),
+        )
+        for _ in range(STEPS)
+    ]
 
 
 def train(model, batches, eta=0.2):
@@ -65,10 +71,12 @@ def main(out_dir):
     assert BATCH % world == 0, "BATCH must divide by the number of processes"
     per = BATCH // world
     ddp = nn.parallel.DistributedDataParallel(build_model())
-    shards = [(x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]) for x, y in make_batches()]
+    shards = [(x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]) for x, y in make_batches()]
     adaptive = train(ddp, shards)
-    torch.save({"state": ddp.module.state_dict(), "alphas": adaptive.alphas, "names": adaptive.names},
-               f"{out_dir}/rank{rank}.pt")
+    torch.save(
+        {"state": ddp.module.state_dict(), "alphas": adaptive.alphas, "names": adaptive.names},
+        f"{out_dir}/rank{rank}.pt",
+    )
     dist.destroy_process_group()
 
 

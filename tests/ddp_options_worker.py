@@ -4,25 +4,29 @@ Run as ``torchrun --nproc_per_node=2 ddp_options_worker.py OUT_DIR ACCUMULATE``:
 engine's optimizer steps (addernet.engine.step.Stepper) on its half of each batch, counting the gradient
 all-reduces with a DDP communication hook, and saves its weights and the count to OUT_DIR/rank{r}.pt.
 """
+
 import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from omegaconf import OmegaConf
 
 from addernet import AdaptiveLR
 from addernet.engine.loop import LossWatch
 from addernet.engine.meters import MetricSums
 from addernet.engine.step import Stepper
 from addernet.tasks import ClassificationTask
+
 from ddp_adaptive_lr_worker import build_model
-from omegaconf import OmegaConf
 
 
 def batches(n=8, steps=2):
     g = torch.Generator().manual_seed(3)
-    return [(torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g))
-            for _ in range(steps)]
+    return [
+        (torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g))
+        for _ in range(steps)
+    ]
 
 
 def main(out_dir, accumulate):
@@ -47,7 +51,7 @@ def main(out_dir, accumulate):
     sums, watch = MetricSums(), LossWatch("cpu")
     per = 8 // world
     for step, (x, y) in enumerate(batches(), 1):
-        stepper(x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per], sums, watch, step)
+        stepper(x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per], sums, watch, step)
     torch.save({"state": model.state_dict(), "allreduces": len(calls)}, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
 

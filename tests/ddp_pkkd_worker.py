@@ -5,6 +5,7 @@ batch through the task's own distribute() and saves student, teacher and rho/ker
 OUT_DIR/rank{r}.pt. The test imports this module to run the single-process reference on the whole batch.
 GroupNorm (per sample) instead of BatchNorm, so the batch split cannot change the maths.
 """
+
 import sys
 
 import torch
@@ -41,20 +42,39 @@ class TinyNet(nn.Module):
 def build_task():
     torch.manual_seed(0)
     student, teacher = TinyNet("adder").double(), TinyNet("conv").double()
-    cfg = OmegaConf.create({"name": "pkkd", "teacher": "cotrain", "teacher_loss": "dml", "kernel": True,
-                            "layers": "all", "temperature": 2.0, "kd_weight": 1.0, "feature_weight": 5.0,
-                            "sigma_scale": 1.0, "sigma_momentum": 0.5, "rho_side": "student",
-                            "rho_init": "identity", "rho_bias": False})
-    task = PKKDTask(student, cfg, Student({"name": "tiny", "layer": "adder"}, "tiny", NUM_CLASSES, 3, 8),
-                    teacher=teacher)
+    cfg = OmegaConf.create(
+        {
+            "name": "pkkd",
+            "teacher": "cotrain",
+            "teacher_loss": "dml",
+            "kernel": True,
+            "layers": "all",
+            "temperature": 2.0,
+            "kd_weight": 1.0,
+            "feature_weight": 5.0,
+            "sigma_scale": 1.0,
+            "sigma_momentum": 0.5,
+            "rho_side": "student",
+            "rho_init": "identity",
+            "rho_bias": False,
+        }
+    )
+    task = PKKDTask(
+        student, cfg, Student({"name": "tiny", "layer": "adder"}, "tiny", NUM_CLASSES, 3, 8), teacher=teacher
+    )
     task.rho.double()
     return task
 
 
 def make_batches():
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(BATCH, 3, 8, 8, generator=g, dtype=torch.float64),
-             torch.randint(0, NUM_CLASSES, (BATCH,), generator=g)) for _ in range(STEPS)]
+    return [
+        (
+            torch.randn(BATCH, 3, 8, 8, generator=g, dtype=torch.float64),
+            torch.randint(0, NUM_CLASSES, (BATCH,), generator=g),
+        )
+        for _ in range(STEPS)
+    ]
 
 
 def train(task, batches):
@@ -77,7 +97,7 @@ def main(out_dir):
     per = BATCH // world
     task = build_task()
     task.distribute(lambda m: nn.parallel.DistributedDataParallel(m))
-    shards = [(x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]) for x, y in make_batches()]
+    shards = [(x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]) for x, y in make_batches()]
     torch.save(train(task, shards), f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()
 

@@ -1,21 +1,72 @@
-"""Test helpers: tiny datasets written in real on-disk formats, config composition, train.py runs.
+"""Test helpers: tiny datasets written in real on-disk formats, config composition, train.py / torchrun runs,
+signals at a known step, script loading, the shared data's paths.
 
 Imported by the test modules (``from helpers import ...``); pytest fixtures live in conftest.py.
 """
+
+import copy
+import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+TESTS = REPO / "tests"
+SHARED = REPO.parent / "shared"  # ../shared from the repository root; not part of a user's clone
 CIFAR_SAMPLE = SHARED / "cifar10-test-sample"
+OFFICIAL_R20 = SHARED / "official" / "ResNet20-AdderNet.pth"
+OFFICIAL_LOGITS = SHARED / "official" / "ResNet20-AdderNet.cifar10-test-sample.jsonl"
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+# Overrides of a tiny training run: LeNet-5-BN on 28x28 FakeData, 2 steps of 16 per epoch, no workers or bars.
+FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
+FAKE = [
+    "data=fake",
+    "data.train_size=32",
+    "data.val_size=8",
+    "data.batch_size=16",
+    "model=lenet5_bn",
+    "data.image_size=28",
+    *FAST,
+]
+
+
+def needs_shared(*paths):
+    """A skipif mark for tests that read ``paths`` (relative to ../shared), with the missing ones as the reason."""
+    missing = [str(SHARED / p) for p in paths if not (SHARED / p).exists()]
+    return pytest.mark.skipif(
+        bool(missing),
+        reason=f"shared data absent ({', '.join(missing)}): ../shared next to "
+        "the repository is not part of a user's clone",
+    )
+
+
+def load_script(path):
+    """Import a script (``scripts/<name>.py`` given ``name``, or any .py path) as a module, without running main."""
+    path = Path(path) if str(path).endswith(".py") else REPO / "scripts" / f"{path}.py"
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _md5(path):
@@ -42,12 +93,17 @@ def write_cifar10(root, n_train=40, n_test=37, seed=0):
         parts = np.array_split(np.arange(n), 5) if split == "train" else [np.arange(n)]
         for i, idx in enumerate(parts):
             name = f"data_batch_{i + 1}" if split == "train" else "test_batch"
-            entry = {"batch_label": name, "labels": [labels[j] for j in idx], "data": flat[idx],
-                     "filenames": [f"{j}.png" for j in idx]}
+            entry = {
+                "batch_label": name,
+                "labels": [labels[j] for j in idx],
+                "data": flat[idx],
+                "filenames": [f"{j}.png" for j in idx],
+            }
             (folder / name).write_bytes(pickle.dumps(entry, protocol=2))
             md5[name] = _md5(folder / name)
-    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": CIFAR10_CLASSES, "num_vis": 3072,
-                                                        "num_cases_per_batch": 10000}, protocol=2))
+    (folder / "batches.meta").write_bytes(
+        pickle.dumps({"label_names": CIFAR10_CLASSES, "num_vis": 3072, "num_cases_per_batch": 10000}, protocol=2)
+    )
     md5["batches.meta"] = _md5(folder / "batches.meta")
     out["md5"] = md5
     return out
@@ -69,9 +125,11 @@ def write_mnist(root, n_train=40, n_test=21, seed=0):
         labels = rng.integers(0, 10, size=n).astype(np.uint8)
         # idx: magic (0, 0, dtype 0x08 = ubyte, number of dimensions), then big-endian int32 sizes, then the data
         (raw / f"{prefix}-images-idx3-ubyte").write_bytes(
-            bytes([0, 0, 8, 3]) + np.array([n, 28, 28], dtype=">i4").tobytes() + images.tobytes())
+            bytes([0, 0, 8, 3]) + np.array([n, 28, 28], dtype=">i4").tobytes() + images.tobytes()
+        )
         (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(
-            bytes([0, 0, 8, 1]) + np.array([n], dtype=">i4").tobytes() + labels.tobytes())
+            bytes([0, 0, 8, 1]) + np.array([n], dtype=">i4").tobytes() + labels.tobytes()
+        )
         out[split] = (images, [int(x) for x in labels])
     return out
 
@@ -117,21 +175,48 @@ class SigtermOn(logging.Handler):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def compose(overrides=(), config_name="train"):
-    """Compose configs/<config_name>.yaml (train.yaml, test.yaml) with ``overrides`` through Hydra's compose API."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
+@functools.cache
+def _composed(overrides, config_name):
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         return hydra_compose(config_name=config_name, overrides=list(overrides))
+
+
+def compose(overrides=(), config_name="train"):
+    """Compose configs/<config_name>.yaml (train.yaml, test.yaml) with ``overrides`` through Hydra's compose API.
+
+    Each distinct composition runs once per pytest run; every call returns its own copy."""
+    return copy.deepcopy(_composed(tuple(overrides), config_name))
+
+
+def child_env(**extra):
+    """Environment of a child process: one intra-op thread, the repo and tests/ importable, unbuffered output."""
+    path = os.pathsep.join(p for p in (str(REPO), str(TESTS), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def torchrun(args, nproc=2, timeout=300, env=None):
+    """``python -m torch.distributed.run --nproc_per_node=nproc args...`` on one node (gloo on CPU, a free port,
+    one thread per process) from the repo root; returns CompletedProcess (text). ``args``: a script and its args."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        *map(str, args),
+    ]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=child_env(**(env or {})))
 
 
 def run_train(args, timeout=300, env=None, script=("train.py",), **popen):
     """Run ``python train.py args...`` from the repo root; returns CompletedProcess (text)."""
     cmd = [sys.executable, *script] if script[0].endswith(".py") else list(script)
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    return subprocess.run(cmd + list(args), cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env=full_env, **popen)
+    return subprocess.run(
+        cmd + list(args), cwd=REPO, capture_output=True, text=True, timeout=timeout, env=full_env, **popen
+    )
 
 
 def metrics_without_timing(path):
@@ -139,28 +224,43 @@ def metrics_without_timing(path):
     import json
 
     timing = {"epoch_seconds", "images_per_s", "val_images_per_s", "precise_bn_seconds"}
-    return [{k: v for k, v in json.loads(line).items() if k not in timing}
-            for line in Path(path).read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in timing} for line in Path(path).read_text().splitlines()
+    ]
 
 
-def start_train(args):
-    """Start ``python train.py args...`` in the background (stdout discarded, stderr kept)."""
-    return subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+def start_train(args, env=None, **popen):
+    """Start ``python train.py args...`` in the background (stdout discarded, stderr kept); ``env`` is added to
+    this process's environment, ``popen`` goes to Popen (start_new_session=True: a process group to signal)."""
+    return subprocess.Popen(
+        [sys.executable, "train.py", *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        **popen,
+    )
+
+
+def wait_for_log(proc, log, text, timeout=240):
+    """Return as soon as ``text`` shows up in the file ``log`` of the running ``proc``; fail if it ends first."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before {text!r}: {proc.stderr.read()[-2000:]}")
+        if log.exists() and text in log.read_text():
+            return
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"{text!r} never appeared in {log}")
 
 
 def signal_at(proc, log, line, sig, timeout=240):
     """Send ``sig`` to ``proc`` as soon as ``line`` shows up in the run's train.log (i.e. mid-epoch); its exit code."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended before {line!r}: {proc.stderr.read()[-2000:]}")
-        if log.exists() and line in log.read_text():
-            proc.send_signal(sig)
-            return proc.wait(timeout=120)
-        time.sleep(0.02)
-    proc.kill()
-    raise AssertionError(f"{line!r} never appeared in {log}")
+    wait_for_log(proc, log, line, timeout)
+    proc.send_signal(sig)
+    return proc.wait(timeout=120)
 
 
 # ---------------------------------------------------------------- test-only training tasks (task.name=helpers.X)
@@ -178,8 +278,12 @@ class L2PenaltyTask(ClassificationTask):
         out = super().forward(images, target)
         l2 = sum((p.float() ** 2).sum() for p in self.model.parameters())
         weight = float(self.cfg.get("weight", 1e-3))
-        return {"loss": out["loss"] + weight * l2, "output": out["output"], "ce": out["loss"].detach(),
-                "l2": (weight * l2).detach()}
+        return {
+            "loss": out["loss"] + weight * l2,
+            "output": out["output"],
+            "ce": out["loss"].detach(),
+            "l2": (weight * l2).detach(),
+        }
 
 
 class AuxHeadTask(ClassificationTask):

@@ -3,14 +3,9 @@
 Gradients are checked against the closed form of Eq. 5 (dY/dW = X - W) computed here with
 explicit loops over output positions, not by the implementation under test.
 """
+
 import copy
-import importlib.util
 import math
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,9 +14,10 @@ import torch.nn.functional as F
 
 from addernet import AdaptiveLR, Adder2d
 
+from helpers import TESTS, load_script, torchrun
+
 ETA = 0.2
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).resolve().parent / "ddp_adaptive_lr_worker.py"
+WORKER = TESTS / "ddp_adaptive_lr_worker.py"
 
 
 def closed_form_grad(x, w, g, stride, padding):
@@ -31,7 +27,7 @@ def closed_form_grad(x, w, g, stride, padding):
     grad = torch.zeros_like(w)
     for oy in range(g.shape[2]):
         for ox in range(g.shape[3]):
-            patch = xp[:, :, oy * stride:oy * stride + k, ox * stride:ox * stride + k]  # N,C,k,k
+            patch = xp[:, :, oy * stride : oy * stride + k, ox * stride : ox * stride + k]  # N,C,k,k
             go = g[:, :, oy, ox]  # N,O
             grad += torch.einsum("no,nckl->ockl", go, patch) - go.sum(0)[:, None, None, None] * w
     return grad
@@ -90,9 +86,15 @@ def _bn_adder_net():
     """Adder + BatchNorm (eval mode, with real running statistics) + linear head, float64."""
     torch.manual_seed(0)
     model = nn.Sequential(
-        Adder2d(3, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=None), nn.ReLU(),
-        Adder2d(4, 6, 3, stride=2, padding=1), nn.BatchNorm2d(6, momentum=None), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 5),
+        Adder2d(3, 4, 3, padding=1),
+        nn.BatchNorm2d(4, momentum=None),
+        nn.ReLU(),
+        Adder2d(4, 6, 3, stride=2, padding=1),
+        nn.BatchNorm2d(6, momentum=None),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(6, 5),
     ).double()
     with torch.no_grad():
         model.train()
@@ -112,7 +114,7 @@ def _sgd_step(model, batches, scale):
 def test_accumulating_micro_batches_equals_one_big_batch():
     base = _bn_adder_net()
     x, y = make_input(32, 3, 6, 6, seed=8), torch.randint(0, 5, (32,), generator=torch.Generator().manual_seed(9))
-    micro = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)]
+    micro = [(x[i : i + 8], y[i : i + 8]) for i in range(0, 32, 8)]
 
     big, acc = copy.deepcopy(base), copy.deepcopy(base)
     alphas_big = _sgd_step(big, [(x, y)], 1.0)
@@ -135,27 +137,11 @@ def test_accumulating_micro_batches_equals_one_big_batch():
     assert (per_micro - whole).norm() > 0.05 * whole.norm()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _load_worker():
-    spec = importlib.util.spec_from_file_location("ddp_adaptive_lr_worker", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
-    worker = _load_worker()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2",
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    worker = load_script(WORKER)
+    proc = torchrun([WORKER, tmp_path], timeout=240)
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
     single = worker.build_model()
@@ -202,13 +188,13 @@ def test_grad_scaler_gives_the_same_step_and_skips_inf_steps(fused):
     scaled = copy.deepcopy(base)
     opt = torch.optim.SGD(scaled.parameters(), lr=0.1, momentum=0.9, fused=fused)
     adaptive = AdaptiveLR(scaled, ETA).attach(opt)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
     scaler.scale(F.cross_entropy(scaled(x), y)).backward()
     scaler.step(opt)
     scaler.update()
     for (name, p), q in zip(plain.named_parameters(), scaled.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-6, atol=1e-7, msg=name)
-    assert scaler.get_scale() == 2.0 ** 12
+    assert scaler.get_scale() == 2.0**12
     assert list(adaptive.alphas) == ["0", "3"]
     if not fused:  # the fused step leaves the grads scaled
         assert scaled[0].weight.grad.norm().item() == pytest.approx(ETA * math.sqrt(scaled[0].weight.numel()))
@@ -222,7 +208,7 @@ def test_grad_scaler_gives_the_same_step_and_skips_inf_steps(fused):
     scaled[-1].weight.grad[0, 0] = float("inf")
     scaler.step(opt)
     scaler.update()
-    assert scaler.get_scale() == 2.0 ** 11
+    assert scaler.get_scale() == 2.0**11
     assert all(torch.equal(p, w) for p, w in zip(scaled.parameters(), weights_before))
     assert all(torch.equal(opt.state[p]["momentum_buffer"], m) for p, m in zip(scaled.parameters(), momentum_before))
     if not fused:  # the hook did not even run

@@ -1,5 +1,6 @@
 """Adder2d: fast/eager backends against the unfold reference and against closed-form formulas,
 dtypes, errors, torch.compile, compiler fallback and memory bounds."""
+
 import itertools
 import json
 import os
@@ -7,7 +8,6 @@ import random
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,17 +17,9 @@ import torch.nn.functional as F
 from addernet import Adder2d, adder2d
 from addernet.ops import BACKENDS as ALL_BACKENDS
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import REPO
+
 BACKENDS = [b for b in ALL_BACKENDS if b != "reference"]  # compared with the reference
-
-
-@pytest.fixture
-def one_thread():
-    """Hundreds of tiny ops: one intra-op thread keeps them fast on a loaded machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture
@@ -50,8 +42,9 @@ def _run(backend_env, backend, x, w, b, conf, gy):
 
 def _grid():
     rng = random.Random(0)
-    for k, s, p, d, g, bias in itertools.product([1, 3, 5, (3, 1)], [1, 2], [0, 1, 2], [1, 2],
-                                                 [1, 2, "cin"], [False, True]):
+    for k, s, p, d, g, bias in itertools.product(
+        [1, 3, 5, (3, 1)], [1, 2], [0, 1, 2], [1, 2], [1, 2, "cin"], [False, True]
+    ):
         kh, kw = (k, k) if isinstance(k, int) else k
         cin = rng.choice([3, 4, 6]) if g == "cin" else 2 * rng.randint(1, 5)
         groups = cin if g == "cin" else g
@@ -115,8 +108,9 @@ def test_fast_float32_rounding_matches_the_reference(backend_env):
     errs = {}
     for backend in ("reference", "fast"):
         y, (gx, gw) = _run(backend_env, backend, x.float(), w.float(), None, conf, gy.float())
-        errs[backend] = [((a.double() - t).abs().max() / t.abs().max()).item()
-                         for a, t in zip((y, gx, gw), (truth[0], *truth[1]))]
+        errs[backend] = [
+            ((a.double() - t).abs().max() / t.abs().max()).item() for a, t in zip((y, gx, gw), (truth[0], *truth[1]))
+        ]
     for name, fast, ref in zip(("forward", "grad_input", "grad_weight"), errs["fast"], errs["reference"]):
         assert fast <= 4 * ref + 1e-7, f"{name}: fast float32 error {fast:.2e} vs reference {ref:.2e}"
 
@@ -171,18 +165,19 @@ def _closed_form(x, w, g, stride, pad):
     n_, cin, h, wd = x.shape
     cout, _, kh, kw = w.shape
     xp = torch.zeros(n_, cin, h + 2 * pad, wd + 2 * pad, dtype=x.dtype)
-    xp[:, :, pad:pad + h, pad:pad + wd] = x
+    xp[:, :, pad : pad + h, pad : pad + wd] = x
     ho, wo = g.shape[2:]
     y = torch.zeros(n_, cout, ho, wo, dtype=x.dtype)
     gw = torch.zeros_like(w)
     gxp = torch.zeros_like(xp)
     for n, o, r, c in itertools.product(range(n_), range(cout), range(ho), range(wo)):
-        patch = xp[n, :, r * stride:r * stride + kh, c * stride:c * stride + kw]
+        patch = xp[n, :, r * stride : r * stride + kh, c * stride : c * stride + kw]
         y[n, o, r, c] = -(patch - w[o]).abs().sum()
         gw[o] += g[n, o, r, c] * (patch - w[o])  # Eq. 5: full-precision X - W
-        gxp[n, :, r * stride:r * stride + kh, c * stride:c * stride + kw] += \
-            g[n, o, r, c] * (w[o] - patch).clamp(-1, 1)  # Eq. 7: HardTanh(W - X)
-    return y, gxp[:, :, pad:pad + h, pad:pad + wd], gw
+        gxp[n, :, r * stride : r * stride + kh, c * stride : c * stride + kw] += g[n, o, r, c] * (w[o] - patch).clamp(
+            -1, 1
+        )  # Eq. 7: HardTanh(W - X)
+    return y, gxp[:, :, pad : pad + h, pad : pad + wd], gw
 
 
 @pytest.mark.parametrize("backend", list(ALL_BACKENDS))
@@ -209,7 +204,7 @@ def test_bfloat16_accumulates_in_float32(backend, backend_env):
     assert y.dtype == torch.bfloat16
     backend_env("reference")
     exact = adder2d(x.double(), w.double(), padding=1)
-    assert ((y.double() - exact).abs() <= exact.abs() * 2 ** -8 + 1e-6).all()
+    assert ((y.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-6).all()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -273,8 +268,10 @@ def test_module_matches_conv2d_interface():
         assert adder(x).shape == conv(x).shape
         assert adder.weight.shape == conv.weight.shape
         assert (adder.bias is None) == (conv.bias is None)
-    assert repr(Adder2d(4, 8, 3, stride=2, padding=1)) == \
-        "Adder2d(4, 8, kernel_size=(3, 3), stride=(2, 2), padding=(1, 1), bias=False)"
+    assert (
+        repr(Adder2d(4, 8, 3, stride=2, padding=1))
+        == "Adder2d(4, 8, kernel_size=(3, 3), stride=(2, 2), padding=(1, 1), bias=False)"
+    )
     w = Adder2d(64, 64, 3).weight  # official init N(0, 1)
     assert abs(w.mean().item()) < 0.03 and abs(w.std().item() - 1) < 0.03
 
@@ -307,11 +304,18 @@ def test_torch_compile_matches_eager(backend_env):
 
 
 def _subprocess(code, env_extra, timeout=300):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **env_extra}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=timeout)
+    env = {**os.environ, "PYTHONPATH": str(REPO), **env_extra}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
 
 
+@pytest.mark.slow
 def test_eager_fallback_when_compiler_missing(tmp_path):
     code = """
         import torch, warnings
@@ -326,14 +330,22 @@ def test_eager_fallback_when_compiler_missing(tmp_path):
         torch.testing.assert_close(y, adder2d(x, w, padding=1), rtol=1e-12, atol=1e-12)
         print("OK")
     """
-    res = _subprocess(code, {"CC": str(tmp_path / "no-such-cc"), "ADDERNET_CACHE_DIR": str(tmp_path / "cache"),
-                             "ADDERNET_BACKEND": "fast", "PYTHONWARNINGS": "default"})
+    res = _subprocess(
+        code,
+        {
+            "CC": str(tmp_path / "no-such-cc"),
+            "ADDERNET_CACHE_DIR": str(tmp_path / "cache"),
+            "ADDERNET_BACKEND": "fast",
+            "PYTHONWARNINGS": "default",
+        },
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "OK"
     warned = [line for line in res.stderr.splitlines() if "addernet" in line and "Warning" in line]
     assert len(warned) == 1 and "eager" in warned[0] and "no-such-cc" in warned[0], res.stderr
 
 
+@pytest.mark.slow
 def test_kernel_cache_reused(tmp_path):
     code = """
         from addernet.ops.kernels import build
@@ -350,6 +362,7 @@ def test_kernel_cache_reused(tmp_path):
     assert second.stdout == first.stdout and (tmp_path / names[0]).stat().st_mtime_ns == mtime
 
 
+@pytest.mark.slow
 def test_peak_memory_bounded_where_reference_needs_gigabytes():
     """fwd+bwd of a layer whose reference would materialise > 1 GB per temporary: the peak RSS
     rise (all allocations, measured in a fresh process) stays a small multiple of the activation."""

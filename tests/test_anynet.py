@@ -1,6 +1,7 @@
 """Adder layers for any network: AdderLinear and the L1 attention scores against float64 closed forms,
 AdderAttention against a broadcast reference, adderize on torchvision and plain networks, the adaptive LR,
 op counts and the quantisation / ONNX refusals."""
+
 import math
 import warnings
 
@@ -13,13 +14,14 @@ from omegaconf import OmegaConf
 
 from addernet import AdaptiveLR, Adder2d, AdderAttention, AdderLinear, adder_linear, adderize, l1_scores
 from addernet.analysis import count_ops
+from addernet.engine import model_from_config
 from addernet.errors import ConfigError
 from addernet.models import build_model
 from addernet.ops.reference import adder2d_reference
 from addernet.quant.convert import quantize_model
 from addernet.quant.onnx import onnx_ready
-from addernet.engine import model_from_config
 from addernet.tasks import build_task
+
 from helpers import REPO, compose
 
 BACKENDS = ["fast", "eager"]
@@ -53,8 +55,9 @@ def test_adder_linear_forward_and_gradients_equal_closed_form(backend, lead, bia
         y.backward(g)
     finally:
         torch.set_num_threads(old)
-    want_y, want_dx, want_dw, want_db = _closed_linear(x.detach(), layer.weight.detach(),
-                                                       None if not bias else layer.bias.detach(), g)
+    want_y, want_dx, want_dw, want_db = _closed_linear(
+        x.detach(), layer.weight.detach(), None if not bias else layer.bias.detach(), g
+    )
     assert y.shape == (*lead, 5)
     torch.testing.assert_close(y, want_y, rtol=0, atol=1e-12)
     torch.testing.assert_close(x.grad, want_dx, rtol=0, atol=1e-12)
@@ -100,6 +103,7 @@ def test_l1_scores_forward_and_gradients_equal_closed_form(backend, lead, key_gr
 
 def _reference_attention(m, x):
     """AdderAttention's output by float64 broadcasting from its parameters (projections AdderLinear + LN)."""
+
     def proj(p, t):
         lin, norm = p[0], p[1]
         y = -(t.unsqueeze(-2) - lin.weight).abs().sum(-1)
@@ -141,8 +145,9 @@ def test_adder_attention_identity_keeps_the_map_full_rank():
 
 def test_adaptive_lr_scales_adder_linear_weights():
     torch.manual_seed(4)
-    model = build_model("vit", "adder", num_classes=3, in_channels=1, image_size=8, patch_size=4, width=8, depth=1,
-                        heads=2)
+    model = build_model(
+        "vit", "adder", num_classes=3, in_channels=1, image_size=8, patch_size=4, width=8, depth=1, heads=2
+    )
     alr = AdaptiveLR(model, eta=0.2)
     adder_names = [n for n, m in model.named_modules() if isinstance(m, AdderLinear)]
     assert alr.names == adder_names and len(adder_names) == 6  # q, k, v, out, 2 MLP layers
@@ -177,9 +182,25 @@ def test_adderize_resnet18_replaces_body_keeps_stem_and_classifier():
             continue
         new = modules[name]
         assert type(new) is Adder2d
-        assert (new.in_channels, new.out_channels, new.kernel_size, new.stride, new.padding, new.dilation,
-                new.groups, new.bias is None) == (old.in_channels, old.out_channels, old.kernel_size, old.stride,
-                                                   old.padding, old.dilation, old.groups, old.bias is None)
+        assert (
+            new.in_channels,
+            new.out_channels,
+            new.kernel_size,
+            new.stride,
+            new.padding,
+            new.dilation,
+            new.groups,
+            new.bias is None,
+        ) == (
+            old.in_channels,
+            old.out_channels,
+            old.kernel_size,
+            old.stride,
+            old.padding,
+            old.dilation,
+            old.groups,
+            old.bias is None,
+        )
     assert report.missing_norm == [] and report.skipped == []
 
 
@@ -211,9 +232,18 @@ def test_adderize_mobilenet_v2_keeps_groups_and_ends():
 
 
 def _plain_cnn():
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
-                         nn.Conv2d(8, 8, 3, padding=1, bias=True), nn.BatchNorm2d(8), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1, bias=True),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 10),
+    )
 
 
 def test_adderize_without_norm_warns_errors_inserts_or_ignores():
@@ -239,9 +269,15 @@ def test_adderize_without_norm_warns_errors_inserts_or_ignores():
 def test_adderized_block_equals_hand_built_reference():
     torch.manual_seed(5)
     down = nn.Sequential(nn.Conv2d(64, 128, 1, stride=2, bias=False), nn.BatchNorm2d(128))
-    model = nn.Sequential(nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-                          torchvision.models.resnet.BasicBlock(64, 128, stride=2, downsample=down),
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+    model = nn.Sequential(
+        nn.Conv2d(3, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        torchvision.models.resnet.BasicBlock(64, 128, stride=2, downsample=down),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(128, 10),
+    )
     assert len(adderize(model).replaced) == 3
     model = model.double().eval()
     for m in model.modules():  # non-trivial BN statistics
@@ -265,8 +301,13 @@ def test_adderize_rejects_bad_arguments():
         adderize(nn.Conv2d(3, 3, 3))
     with pytest.raises(ValueError, match="missing_norm='sometimes' is not valid"):
         adderize(_plain_cnn(), missing_norm="sometimes")
-    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Conv2d(4, 4, 3, padding_mode="reflect", padding=1), nn.BatchNorm2d(4),
-                          nn.Flatten(), nn.Linear(4, 2))
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3),
+        nn.Conv2d(4, 4, 3, padding_mode="reflect", padding=1),
+        nn.BatchNorm2d(4),
+        nn.Flatten(),
+        nn.Linear(4, 2),
+    )
     with pytest.warns(UserWarning, match="padding_mode='reflect'"):
         report = adderize(model)
     assert report.skipped and report.skipped[0][0] == "1" and type(model[1]) is nn.Conv2d
@@ -306,7 +347,10 @@ def test_op_counts_of_adder_linear_and_attention():
 def test_quantisation_and_onnx_export_name_the_unsupported_layer():
     kw = dict(num_classes=3, in_channels=1, image_size=8, patch_size=4, width=8, depth=1, heads=2)
     model = build_model("vit", "adder", **kw)
-    with pytest.raises(ConfigError, match=r"ONNX export does not support AdderAttention, AdderLinear layers yet: AdderAttention \(blocks.0.attn\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"ONNX export does not support AdderAttention, AdderLinear layers yet: AdderAttention \(blocks.0.attn\)",
+    ):
         onnx_ready(model)
     q = OmegaConf.load(REPO / "configs" / "quant" / "default.yaml")
     q.bits = 8
@@ -317,8 +361,18 @@ def test_quantisation_and_onnx_export_name_the_unsupported_layer():
 
 # ---- distillation with model=vit and model=torchvision
 
-TINY_VIT = ["model=vit", "model.width=8", "model.depth=1", "model.heads=2", "data=fake", "data.image_size=16",
-            "data.train_size=16", "data.val_size=8", "data.batch_size=8", "trainer.device=cpu"]
+TINY_VIT = [
+    "model=vit",
+    "model.width=8",
+    "model.depth=1",
+    "model.heads=2",
+    "data=fake",
+    "data.image_size=16",
+    "data.train_size=16",
+    "data.val_size=8",
+    "data.batch_size=8",
+    "trainer.device=cpu",
+]
 
 
 def _task(overrides):
@@ -331,8 +385,17 @@ def _task(overrides):
 
 @pytest.mark.slow
 def test_pkkd_co_trains_the_unconverted_torchvision_network():
-    task, cfg = _task(["model=torchvision", "model.arch=resnet18", "data=fake", "data.image_size=32",
-                       "data.batch_size=8", "trainer.device=cpu", "task=pkkd"])
+    task, cfg = _task(
+        [
+            "model=torchvision",
+            "model.arch=resnet18",
+            "data=fake",
+            "data.image_size=32",
+            "data.batch_size=8",
+            "trainer.device=cpu",
+            "task=pkkd",
+        ]
+    )
     assert type(task.teacher.layer1[0].conv1) is nn.Conv2d and type(task.model.layer1[0].conv1) is Adder2d
     assert len(task.layers) == 19  # every adderized layer has its conv twin at the same name
     out = task(torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
@@ -346,8 +409,15 @@ def test_pkkd_names_what_it_cannot_distil_and_kd_takes_any_teacher(tmp_path):
         _task(TINY_VIT + ["task=pkkd"])
     teacher = build_model("torchvision", "conv", num_classes=10, in_channels=3, arch="resnet18")
     torch.save(teacher.state_dict(), tmp_path / "cnn.pt")
-    task, _ = _task(TINY_VIT + ["task=kd", f"task.teacher={tmp_path / 'cnn.pt'}", "task.teacher_model=torchvision",
-                                "task.teacher_layer=conv"])
+    task, _ = _task(
+        TINY_VIT
+        + [
+            "task=kd",
+            f"task.teacher={tmp_path / 'cnn.pt'}",
+            "task.teacher_model=torchvision",
+            "task.teacher_layer=conv",
+        ]
+    )
     x = torch.randn(4, 3, 16, 16)
     out = task(x, torch.randint(0, 10, (4,)))
     out["loss"].backward()

@@ -1,18 +1,33 @@
-"""train.py and test.py with model=torchvision and model=vit (adder and twin), a resume, and torchrun."""
+"""Training and test.py's evaluation with model=torchvision and model=vit (adder and twin), a resume, and torchrun.
+
+The runs are in-process (the engine's train() and test.py's evaluate_checkpoint()); torchrun starts processes.
+"""
+
 import json
 import sys
 
 import pytest
 
-from helpers import run_train
+from addernet.engine import train
+from addernet.engine.eval_run import evaluate_checkpoint
 
-FAST = ["data=fake", "data.train_size=16", "data.val_size=8", "data.batch_size=8", "trainer.progress=false",
-        "trainer.device=cpu", "trainer.log_every=1"]
+from helpers import child_env, compose, run_train
+
+pytestmark = pytest.mark.slow  # training runs of a full-size torchvision ResNet-18, and torchrun
+
+FAST = [
+    "data=fake",
+    "data.train_size=16",
+    "data.val_size=8",
+    "data.batch_size=8",
+    "trainer.progress=false",
+    "trainer.device=cpu",
+    "trainer.log_every=1",
+]
 MODELS = {
     "torchvision": ["model=torchvision", "model.arch=resnet18", "data.image_size=32"],
     "vit": ["model=vit", "model.width=16", "model.depth=1", "model.heads=2", "data.image_size=16"],
 }
-ENV = {"OMP_NUM_THREADS": "1"}
 
 
 def _metrics(run):
@@ -22,41 +37,42 @@ def _metrics(run):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("layer", ["adder", "conv"])
-def test_train_one_epoch_then_test_reproduces_the_validation(tmp_path, model, layer):
+def test_train_one_epoch_then_test_reproduces_the_validation(tmp_path, model, layer, one_thread):
     run = tmp_path / "run"
-    proc = run_train([*MODELS[model], f"model.layer={layer}", *FAST, "trainer.epochs=1", f"hydra.run.dir={run}"],
-                     env=ENV)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train(compose([*MODELS[model], f"model.layer={layer}", *FAST, "trainer.epochs=1"]), str(run))
     (record,) = _metrics(run)
     log = (run / "train.log").read_text()
     assert f"model {MODELS[model][0].split('=')[1]} ({layer})" in log
-    proc = run_train([f"checkpoint={run / 'checkpoints' / 'best.pt'}"], script=("test.py",), env=ENV)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    args = [f"checkpoint={run / 'checkpoints' / 'best.pt'}", "trainer.progress=false"]
+    result = evaluate_checkpoint(compose(args, config_name="test"), args)
     # test.py rebuilds the model from the stored config (model.arch / sizes included) and scores what training did
     assert result["n"] == 8
     assert result["top1"] == pytest.approx(record["val_top1"]) and result["loss"] == pytest.approx(record["val_loss"])
 
 
 @pytest.mark.slow
-def test_vit_adder_run_resumes_and_extends(tmp_path):
+def test_vit_adder_run_resumes_and_extends(tmp_path, one_thread):
     run = tmp_path / "run"
-    args = [*MODELS["vit"], "model.layer=adder", *FAST, f"hydra.run.dir={run}"]
-    assert run_train([*args, "trainer.epochs=1"], env=ENV).returncode == 0
+    args = [*MODELS["vit"], "model.layer=adder", *FAST]
+    train(compose([*args, "trainer.epochs=1"]), str(run))
     first = _metrics(run)
-    proc = run_train([*args, "trainer.epochs=2"], env=ENV)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    train(compose([*args, "trainer.epochs=2"]), str(run))
     log = (run / "train.log").read_text()
     assert "resumed from" in log and "1 epoch(s) done" in log
     records = _metrics(run)
     assert [r["epoch"] for r in records] == [1, 2] and records[0] == first[0]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_torchrun_two_processes_adder_torchvision(tmp_path):
     run = tmp_path / "job"
-    proc = run_train([*MODELS["torchvision"], *FAST, "trainer.epochs=1"], script=("bash", "scripts/dist_train.sh", "2"),
-                     timeout=300, env={**ENV, "PYTHON": sys.executable, "RUN_DIR": str(run)})
+    proc = run_train(
+        [*MODELS["torchvision"], *FAST, "trainer.epochs=1"],
+        script=("bash", "scripts/dist_train.sh", "2"),
+        timeout=300,
+        env=child_env(PYTHON=sys.executable, RUN_DIR=str(run)),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     (record,) = _metrics(run)
     assert record["epoch"] == 1 and (run / "checkpoints" / "best.pt").exists()

@@ -1,26 +1,42 @@
 """Inputs are what they claim (docs/reliability.md, "Images", "Unknown keys", "Outputs", "Stored models"):
 images are never silently mangled or counted twice, every key a user passes is applied or refused, outputs
-never overwrite a run's own files, and every entry point checks the stored model like test.py.
+never overwrite a run's own files, run dirs and results files that cannot be written are one message, and
+every entry point checks the stored model like test.py.
 """
+
+import errno
 import os
 import shutil
 
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from PIL import Image
 
+from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from addernet.data import DataError, build_dataset, build_loader
-from addernet.errors import ConfigError
 from addernet.data.datasets import load_rgb
-from helpers import compose, write_jpeg_folder
+from addernet.engine import check_config, eval_run, rundir, train
+from addernet.engine.eval_run import evaluate_checkpoint
+from addernet.errors import ConfigError
+from addernet.models import build_model
 
-FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
+from helpers import CIFAR10_CLASSES, FAKE, FAST, compose, run_train, write_jpeg_folder
 
 
 def _folder(root, *extra):
-    return ["data=cifar10_folder", f"data.root={root}", "data.num_classes=4", "data.batch_size=16",
-            "model=lenet5_bn", "data.image_size=28", "trainer.epochs=1", *FAST, *extra]
+    return [
+        "data=cifar10_folder",
+        f"data.root={root}",
+        "data.num_classes=4",
+        "data.batch_size=16",
+        "model=lenet5_bn",
+        "data.image_size=28",
+        "trainer.epochs=1",
+        *FAST,
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -32,6 +48,7 @@ def small_folder(tmp_path):
 
 
 # --- images ---------------------------------------------------------------------------------------------------------
+
 
 def test_symlink_loop_and_second_links_count_each_file_once(small_folder):
     bird = small_folder / "test" / "bird"
@@ -47,8 +64,11 @@ def test_image_of_the_wrong_size_in_a_cifar_folder_is_refused(small_folder):
     big = small_folder / "test" / "cat" / "big.png"
     Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(big)
     cfg = compose(_folder(small_folder)).data
-    with pytest.raises(DataError, match=rf"image {big} is 64x64, but this dataset's images are 32x32; its crop "
-                                        r"would keep only part"):
+    with pytest.raises(
+        DataError,
+        match=rf"image {big} is 64x64, but this dataset's images are 32x32; its crop "
+        r"would keep only part",
+    ):
         list(build_loader(cfg, "val"))
 
 
@@ -92,20 +112,28 @@ def test_names_in_different_unicode_forms_are_shown_by_code_point(small_folder):
         check_classes(["airplane", "automobile", "bird", nfc], ds, "the training set", "rename it")
 
 
-# --- unknown keys, group choices, run dirs: one line, exit 2 ------------------------------------------------------
+# --- unknown keys, group choices, run dirs: one line, exit 2 --------------------------------------------------------
 
-@pytest.mark.parametrize("entry, argv, message", [
-    ("train", ["+epochs=3"], r"unknown key epochs \(did you mean trainer.epochs\?\): train.py has no such setting"),
-    ("train", ["trainer.epoch=3"], r"unknown key trainer.epoch \(did you mean trainer.epochs\?\)"),
-    ("train", ["model=resnet21"], r"model=resnet21 is not an option of model: choose one of lenet5_bn, .*resnet20"),
-    ("train", ["quant.bits=8"], r"unknown key quant.bits: train.py has no such setting"),
-    ("test", ["+result_file=r.json"], r"unknown key result_file \(did you mean results_file\?\)"),
-    ("test", ["+quant.bitz=8"], r"unknown key quant.bitz \(did you mean quant.bits\?\)"),
-    ("quantize", ["+outt=x.pt"], r"unknown key outt \(did you mean out\?\): quantize.py has no such setting"),
-    ("export_onnx", ["opsett=17"], r"unknown key opsett \(did you mean opset\?\)"),
-    ("test", ["checkpoint=x.pt", "data.val_dir=/x"], r"data.val_dir is not a setting of data=cifar10; .*Choose the "
-                                                     r"data it belongs to"),
-])
+
+@pytest.mark.parametrize(
+    "entry, argv, message",
+    [
+        ("train", ["+epochs=3"], r"unknown key epochs \(did you mean trainer.epochs\?\): train.py has no such setting"),
+        ("train", ["trainer.epoch=3"], r"unknown key trainer.epoch \(did you mean trainer.epochs\?\)"),
+        ("train", ["model=resnet21"], r"model=resnet21 is not an option of model: choose one of lenet5_bn, .*resnet20"),
+        ("train", ["quant.bits=8"], r"unknown key quant.bits: train.py has no such setting"),
+        ("test", ["+result_file=r.json"], r"unknown key result_file \(did you mean results_file\?\)"),
+        ("test", ["+quant.bitz=8"], r"unknown key quant.bitz \(did you mean quant.bits\?\)"),
+        ("quantize", ["+outt=x.pt"], r"unknown key outt \(did you mean out\?\): quantize.py has no such setting"),
+        ("export_onnx", ["opsett=17"], r"unknown key opsett \(did you mean opset\?\)"),
+        (
+            "test",
+            ["checkpoint=x.pt", "data.val_dir=/x"],
+            r"data.val_dir is not a setting of data=cifar10; .*Choose the "
+            r"data it belongs to",
+        ),
+    ],
+)
 def test_unknown_keys_and_options_are_refused_before_hydra(entry, argv, message):
     from addernet.engine.entry_checks import precheck
 
@@ -121,10 +149,13 @@ def test_unknown_top_level_keys_are_refused_once_composed():
         check_config(compose(["data=fake", "model=lenet5_bn", "data.image_size=28", "+epochs=3"]))
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda tmp: (tmp / "file").write_text("x") and str(tmp / "file" / "run"), "Not a directory"),
-    (lambda tmp: str(tmp / ("x" * 300)), "File name too long"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda tmp: (tmp / "file").write_text("x") and str(tmp / "file" / "run"), "Not a directory"),
+        (lambda tmp: str(tmp / ("x" * 300)), "File name too long"),
+    ],
+)
 def test_run_dirs_that_cannot_be_created_are_one_line(tmp_path, make, message):
     from addernet.engine.entry_checks import precheck
 
@@ -133,47 +164,43 @@ def test_run_dirs_that_cannot_be_created_are_one_line(tmp_path, make, message):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv, message", [
-    (["trainer.epoch=3"], "train.py: error: unknown key trainer.epoch (did you mean trainer.epochs?)"),
-    (["model=resnet21"], "train.py: error: model=resnet21 is not an option of model: choose one of"),
-    (["+epochs=3"], "train.py: error: unknown key epochs (did you mean trainer.epochs?)"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["trainer.epoch=3"], "train.py: error: unknown key trainer.epoch (did you mean trainer.epochs?)"),
+        (["model=resnet21"], "train.py: error: model=resnet21 is not an option of model: choose one of"),
+        (["+epochs=3"], "train.py: error: unknown key epochs (did you mean trainer.epochs?)"),
+        (["+optim.lrr=0.1"], "train.py: error: unknown key optim.lrr (did you mean optim.lr?)"),
+    ],
+)
 def test_train_py_exits_2_with_one_line_for_what_hydra_rejects(tmp_path, argv, message):
-    from helpers import run_train
-
     r = run_train(argv + [f"hydra.run.dir={tmp_path / 'run'}"], timeout=120)
     assert r.returncode == 2 and r.stderr.strip().startswith(message) and len(r.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
-# --- outputs never overwrite a run's files; every entry point checks the stored model like test.py -----------------
-
-FAKE = ["data=fake", "data.train_size=32", "data.val_size=8", "data.batch_size=16", "model=lenet5_bn",
-        "data.image_size=28", *FAST]
-
-
-@pytest.fixture(scope="module")
-def fake_run(tmp_path_factory):
-    from addernet.engine import train
-
-    run = tmp_path_factory.mktemp("fake_run") / "run"
-    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
-    return run
+# --- outputs never overwrite a run's files; every entry point checks the stored model like test.py ------------------
 
 
 def _eval_args(checkpoint, *extra):
     return [f"checkpoint={checkpoint}", "trainer.progress=false", *extra]
 
 
-def test_results_file_never_replaces_a_checkpoint_or_a_run_file(fake_run, tmp_path):
-    from addernet.engine.eval_run import check_results_file, report
-    from addernet.engine import ConfigError
+def _eval_cfg(checkpoint, *overrides):
+    """test.py's composed config and the overrides it passes on (what the user typed)."""
+    args = [f"checkpoint={checkpoint}", "trainer.progress=false", "data.download=false", *overrides]
+    return compose(args, config_name="test"), args
 
-    best, last = fake_run / "checkpoints" / "best.pt", fake_run / "checkpoints" / "last.pt"
+
+def test_results_file_never_replaces_a_checkpoint_or_a_run_file(finished_tiny_run, tmp_path):
+    from addernet.engine import ConfigError
+    from addernet.engine.eval_run import check_results_file, report
+
+    best, last = finished_tiny_run / "checkpoints" / "best.pt", finished_tiny_run / "checkpoints" / "last.pt"
     kept = last.read_bytes()
     with pytest.raises(ConfigError, match=r"results_file=.*best.pt is the input checkpoint itself"):
         check_results_file(str(best), str(best))
-    for other in (last, fake_run / "metrics.jsonl", fake_run / "config.yaml"):
+    for other in (last, finished_tiny_run / "metrics.jsonl", finished_tiny_run / "config.yaml"):
         with pytest.raises(ConfigError, match=r"exists and is not a results file \(one JSON line\)"):
             check_results_file(str(other), str(best))
     assert last.read_bytes() == kept
@@ -182,40 +209,51 @@ def test_results_file_never_replaces_a_checkpoint_or_a_run_file(fake_run, tmp_pa
     check_results_file(str(earlier), str(best))
 
 
-def test_scripts_refuse_an_adder_checkpoint_as_its_cnn_twin(fake_run):
+def test_scripts_refuse_an_adder_checkpoint_as_its_cnn_twin(finished_tiny_run):
     from addernet.engine import ConfigError
     from addernet.engine.eval_run import load_float_model
 
-    best = fake_run / "checkpoints" / "best.pt"
+    best = finished_tiny_run / "checkpoints" / "best.pt"
     for entry in ("export_onnx", "quantize"):
         args = _eval_args(best, "model.layer=conv", "+out=x.onnx")
-        with pytest.raises(ConfigError, match=r"trained as a different model: model.layer=conv \(trained as "
-                                              r"model.layer=adder\)"):
+        with pytest.raises(
+            ConfigError,
+            match=r"trained as a different model: model.layer=conv \(trained as "
+            r"model.layer=adder\)",
+        ):
             load_float_model(compose(args, config_name=entry), args, entry=entry)
 
 
-def test_an_override_the_evaluated_dataset_ignores_is_refused(fake_run):
+def test_an_override_the_evaluated_dataset_ignores_is_refused(finished_tiny_run):
     from addernet.engine import ConfigError
     from addernet.engine.eval_run import evaluate_checkpoint
 
-    args = _eval_args(fake_run / "checkpoints" / "best.pt", "data=fake", "+data.val_dir=/somewhere/else")
+    args = _eval_args(finished_tiny_run / "checkpoints" / "best.pt", "data=fake", "+data.val_dir=/somewhere/else")
     with pytest.raises(ConfigError, match=r"data.val_dir is not a setting of data=fake .*would be ignored"):
         evaluate_checkpoint(compose(args, config_name="test"), args[:2] + args[3:])  # data=fake: implied by test.py
 
 
 @pytest.mark.slow
-def test_quantize_out_never_replaces_a_training_checkpoint(fake_run):
-    from helpers import run_train
-
-    last = fake_run / "checkpoints" / "last.pt"
+def test_quantize_out_never_replaces_a_training_checkpoint(finished_tiny_run):
+    last = finished_tiny_run / "checkpoints" / "last.pt"
     kept = last.read_bytes()
-    r = run_train([f"checkpoint={fake_run / 'checkpoints' / 'best.pt'}", f"out={last}", "quant.bits=8",
-                   "quant.calib_images=8", "quant.calib_batch_size=4"], script=("scripts/quantize.py",), timeout=180)
+    r = run_train(
+        [
+            f"checkpoint={finished_tiny_run / 'checkpoints' / 'best.pt'}",
+            f"out={last}",
+            "quant.bits=8",
+            "quant.calib_images=8",
+            "quant.calib_batch_size=4",
+        ],
+        script=("scripts/quantize.py",),
+        timeout=180,
+    )
     assert r.returncode == 2 and f"out={last} exists; it is not replaced unless you pass overwrite=true" in r.stderr
     assert last.read_bytes() == kept
 
 
-# --- files: disk full, umask, zip bombs -------------------------------------------------------------------------------
+# --- files: disk full, umask, zip bombs -----------------------------------------------------------------------------
+
 
 def test_disk_full_is_named_by_the_os_error(tmp_path, monkeypatch):
     from addernet.checkpoint import CheckpointError, save_checkpoint
@@ -258,27 +296,28 @@ def test_a_zip_bomb_checkpoint_is_refused_before_reading(tmp_path):
     assert torch.equal(load_checkpoint(good)["w"], torch.zeros(4))
 
 
-def test_calibration_never_ends_with_a_batch_of_one(fake_run):
+def test_calibration_never_ends_with_a_batch_of_one(finished_tiny_run):
     from addernet.engine import ConfigError
     from addernet.quant.cli import calibration_loader
 
-    args = _eval_args(fake_run / "checkpoints" / "best.pt")
-    cfg = compose(args + ["data=fake", "data.train_size=32", "data.image_size=28", "quant.calib_images=1"],
-                  config_name="test")
+    args = _eval_args(finished_tiny_run / "checkpoints" / "best.pt")
+    cfg = compose(
+        args + ["data=fake", "data.train_size=32", "data.image_size=28", "quant.calib_images=1"], config_name="test"
+    )
     with pytest.raises(ConfigError, match=r"quant.calib_images=1 .*needs batches of at least 2 images"):
         calibration_loader(cfg)
-    cfg = compose(args + ["data=fake", "data.train_size=32", "data.image_size=28", "quant.calib_images=9",
-                          "quant.calib_batch_size=4"], config_name="test")
+    cfg = compose(
+        args
+        + ["data=fake", "data.train_size=32", "data.image_size=28", "quant.calib_images=9", "quant.calib_batch_size=4"],
+        config_name="test",
+    )
     assert [len(t) for _, t in calibration_loader(cfg)] == [4, 4]  # the 9th image would be a batch of 1
 
 
 @pytest.mark.slow
 def test_a_failed_multirun_job_is_recorded_and_the_sweep_goes_on(tmp_path):
-    from helpers import run_train
-
     sweep = tmp_path / "sweep"
-    r = run_train(["-m", *FAKE, "trainer.epochs=1", "trainer.amp=bogus,off", f"hydra.sweep.dir={sweep}"],
-                  timeout=300)
+    r = run_train(["-m", *FAKE, "trainer.epochs=1", "trainer.amp=bogus,off", f"hydra.sweep.dir={sweep}"], timeout=300)
     assert r.returncode == 2, r.stderr[-3000:]
     [job0], [job1] = sweep.glob("0_*"), sweep.glob("1_*")  # job dirs are named <number>_<overrides>
     assert "trainer.amp='bogus' is not valid" in (job0 / "error.txt").read_text()
@@ -288,18 +327,21 @@ def test_a_failed_multirun_job_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert len((job1 / "metrics.jsonl").read_text().splitlines()) == 1  # job 1 ran to the end
 
 
-def test_a_bare_state_dict_is_not_evaluated_as_the_other_twin(fake_run, tmp_path):
+def test_a_bare_state_dict_is_not_evaluated_as_the_other_twin(finished_tiny_run, tmp_path):
     """No stored config: the BatchNorm running means after the body layers tell adder (all negative) from conv."""
     from addernet.checkpoint import load_checkpoint, save_checkpoint
     from addernet.engine import ConfigError
     from addernet.engine.eval_run import evaluate_checkpoint
 
     bare = tmp_path / "bare.pt"
-    save_checkpoint(load_checkpoint(fake_run / "checkpoints" / "best.pt")["model"], bare)
+    save_checkpoint(load_checkpoint(finished_tiny_run / "checkpoints" / "best.pt")["model"], bare)
     common = _eval_args(bare, "model=lenet5_bn", "data=fake", "data.val_size=8", "data.image_size=28", *FAST[1:])
     args = common + ["model.layer=conv"]
-    with pytest.raises(ConfigError, match=r"bare.pt holds weights trained as model.layer=adder .*built with "
-                                          r"model.layer=conv"):
+    with pytest.raises(
+        ConfigError,
+        match=r"bare.pt holds weights trained as model.layer=adder .*built with "
+        r"model.layer=conv",
+    ):
         evaluate_checkpoint(compose(args, config_name="test"), args)
     args = common + ["model.layer=adder"]
     assert evaluate_checkpoint(compose(args, config_name="test"), args)["n"] == 8
@@ -307,13 +349,24 @@ def test_a_bare_state_dict_is_not_evaluated_as_the_other_twin(fake_run, tmp_path
 
 @pytest.mark.slow
 def test_train_py_help_lists_only_the_groups_train_py_accepts():
-    from helpers import run_train
-
     r = run_train(["--help"], timeout=120)
-    groups = [line.split(":")[0] for line in r.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
-              .splitlines() if ": " in line]
-    assert r.returncode == 0 and groups == ["adaptive_lr", "data", "experiment", "hparams_search", "logger", "model",
-                                            "optim", "sched", "task", "trainer"]
+    groups = [
+        line.split(":")[0]
+        for line in r.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0].splitlines()
+        if ": " in line
+    ]
+    assert r.returncode == 0 and groups == [
+        "adaptive_lr",
+        "data",
+        "experiment",
+        "hparams_search",
+        "logger",
+        "model",
+        "optim",
+        "sched",
+        "task",
+        "trainer",
+    ]
 
 
 def test_hydra_flags_and_their_values_are_not_taken_for_overrides():
@@ -325,3 +378,98 @@ def test_hydra_flags_and_their_values_are_not_taken_for_overrides():
     check_argv(["-m", "hydra/launcher=submitit_local", "hydra.sweep.dir=/tmp/x"], "train")  # Hydra's own groups
     with pytest.raises(ConfigError, match="unknown key trainer.epoch"):
         check_argv(["--cfg", "job", "trainer.epoch=3"], "train")
+
+
+# --- an adder checkpoint is never evaluated as its CNN twin ---------------------------------------------------------
+
+
+def test_test_py_refuses_an_adder_checkpoint_as_conv(tmp_path, monkeypatch):
+    monkeypatch.setattr(eval_run, "evaluate", lambda *a, **k: pytest.fail("evaluated the wrong model"))
+    path = tmp_path / "adder.pt"
+    save_checkpoint(
+        {
+            "format_version": 1,
+            "model": build_model("lenet5_bn", "adder", in_channels=3).state_dict(),
+            "config": OmegaConf.to_container(compose(FAKE), resolve=True),
+        },
+        path,
+    )
+    cfg, args = _eval_cfg(path, "model.layer=conv")
+    with pytest.raises(ConfigError, match=r"model.layer=conv \(trained as model.layer=adder\)"):
+        evaluate_checkpoint(cfg, args)
+
+
+@pytest.mark.slow
+def test_converted_official_checkpoint_as_conv_is_refused(converted_r20, monkeypatch):
+    """An official AdderNet checkpoint, converted, then evaluated as its CNN twin (test.py ... model.layer=conv)."""
+    assert load_checkpoint(converted_r20)["classes"] == CIFAR10_CLASSES
+    monkeypatch.setattr(eval_run, "evaluate", lambda *a, **k: pytest.fail("evaluated the wrong model"))
+    cfg, args = _eval_cfg(converted_r20, "model.layer=conv")
+    with pytest.raises(
+        ConfigError,
+        match=r"resnet20_official.pt was trained as a different model: model.layer=conv "
+        r"\(trained as model.layer=adder\)",
+    ):
+        evaluate_checkpoint(cfg, args)
+
+
+def test_read_only_run_dir_is_one_message(tmp_path, monkeypatch):
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(rundir.os, "open", read_only)  # as root, chmod cannot make a dir read-only
+    with pytest.raises(
+        ConfigError,
+        match=f"cannot write to the run dir {tmp_path} \\(Read-only file system\\); "
+        f"make it writable or choose another one with hydra.run.dir=",
+    ):
+        train(compose(FAKE + ["trainer.epochs=1"]), str(tmp_path))
+
+
+def test_unwritable_results_file_fails_before_evaluating(tmp_path, monkeypatch):
+    monkeypatch.setattr(eval_run, "evaluate", lambda *a, **k: pytest.fail("evaluated before checking results_file"))
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(
+        {
+            "format_version": 1,
+            "model": build_model("lenet5_bn", "adder", in_channels=3).state_dict(),
+            "config": OmegaConf.to_container(compose(FAKE), resolve=True),
+        },
+        path,
+    )
+    (tmp_path / "a_file").write_text("x")
+    for target, reason in (
+        (tmp_path, "Is a directory"),
+        (tmp_path / "a_file" / "r.json", "File exists|Not a directory"),
+    ):
+        cfg, args = _eval_cfg(path, f"results_file={target}")
+        with pytest.raises(ConfigError, match=f"results_file={target} cannot be written \\(({reason})\\)"):
+            evaluate_checkpoint(cfg, args)
+
+
+@pytest.mark.slow
+def test_bare_tensor_and_random_bytes_are_named_as_not_checkpoints(tmp_path):
+    tensor = tmp_path / "tensor.pt"
+    torch.save(torch.zeros(3), tensor)
+    r = run_train([f"checkpoint={tensor}", "data.download=false"], script=("test.py",), timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "is neither a checkpoint of this repo" in r.stderr and "found: Tensor" in r.stderr
+    noise = tmp_path / "noise.pt"
+    noise.write_bytes(bytes(range(7, 256)) * 20)
+    with pytest.raises(CheckpointError, match="noise.pt is not a checkpoint: it is neither a torch.save zip") as e:
+        load_checkpoint(noise)
+    assert "weights_only=False" not in str(e.value)
+
+
+# --- unknown keys inside the known groups ---------------------------------------------------------------------------
+
+
+def test_added_unknown_key_is_rejected_with_the_valid_ones(tmp_path):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown key trainer.epoch \(did you mean trainer.epochs\?\).*Valid trainer "
+        r"keys: (\w+, )*amp, .*epochs",
+    ):
+        check_config(compose(["+trainer.epoch=1"]))
+    with pytest.raises(ConfigError, match=r"unknown key data.val_dri \(did you mean data.val_dir\?\)"):
+        evaluate_checkpoint(*_eval_cfg(tmp_path / "x.pt", "+data.val_dri=/x"))

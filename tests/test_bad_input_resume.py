@@ -1,35 +1,35 @@
 """Resume never loses or misattributes a run's work: which checkpoint a run resumes from, which settings may
-change on resume, and checkpoints whose fields were edited or damaged (docs/reliability.md, "Resume").
+change on resume, checkpoints whose fields were edited or damaged, one run per run dir, interrupted writes
+(docs/reliability.md, "Resume").
 
-Tiny in-process runs: LeNet-5-BN on 28x28 FakeData, one or two epochs of a few steps.
+Tiny in-process runs: LeNet-5-BN on 28x28 FakeData, one or two epochs of a few steps; one train.py pair.
 """
+
+import errno
+import json
 import logging
 import math
+import os
+import signal
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from addernet.engine import ConfigError, Preempted, train
-from addernet.engine import fit
+from addernet.engine import ConfigError, Preempted, fit, rundir, train
 from addernet.engine.eval_run import evaluate_checkpoint
-from helpers import SigtermOn, compose, metrics_without_timing
 
-FAKE = ["data=fake", "data.train_size=32", "data.val_size=8", "data.batch_size=16", "model=lenet5_bn",
-        "data.image_size=28", "trainer.progress=false", "data.num_workers=0", "data.pin_memory=false",
-        "trainer.log_every=1", "trainer.deterministic=true"]
+import helpers
+from helpers import SigtermOn, compose, metrics_without_timing, run_train, start_train, wait_for_log
+
+FAKE = [*helpers.FAKE, "trainer.deterministic=true"]
 
 
 def _run(tmp_path, *extra, name="run"):
     run = tmp_path / name
     train(compose(FAKE + list(extra)), str(run))
     return run
-
-
-@pytest.fixture(scope="module")
-def one_epoch(tmp_path_factory):
-    """A finished one-epoch run, shared by the tests that only read its checkpoints."""
-    return _run(tmp_path_factory.mktemp("one_epoch"), "trainer.epochs=1")
 
 
 def _log(run):
@@ -41,8 +41,11 @@ def test_history_without_last_pt_is_refused_and_best_pt_is_offered(tmp_path):
     (run / "checkpoints" / "last.pt").unlink()  # deleted, or a disk-full first save of last.pt
     best, metrics = run / "checkpoints" / "best.pt", run / "metrics.jsonl"
     kept = best.read_bytes(), metrics.read_text()
-    with pytest.raises(ConfigError, match=r"holds a run's history .*best.pt.*metrics.jsonl.* but no checkpoints/"
-                                          r"last.pt.*trainer.resume=.*best.pt.*fresh dir"):
+    with pytest.raises(
+        ConfigError,
+        match=r"holds a run's history .*best.pt.*metrics.jsonl.* but no checkpoints/"
+        r"last.pt.*trainer.resume=.*best.pt.*fresh dir",
+    ):
         train(compose(FAKE + ["trainer.epochs=2"]), str(run))
     assert (best.read_bytes(), metrics.read_text()) == kept
     # the offered choice: resume from best.pt; its history is kept and the run continues at epoch 2
@@ -77,11 +80,19 @@ def test_the_runs_own_last_pt_wins_over_trainer_resume(tmp_path):
 def test_changed_settings_are_refused_with_the_keys_and_config_yaml_is_kept(tmp_path):
     run = _run(tmp_path, "trainer.epochs=1")
     before = (run / "config.yaml").read_text()
-    with pytest.raises(ConfigError, match=r"other settings \(data.batch_size, optim.lr, optim.weight_decay, "
-                                          r"trainer.seed differ\).*optim.lr=0.05 \(the checkpoint's: 0.1\).*"
-                                          r"trainer.resume_override=true"):
-        train(compose(FAKE + ["trainer.epochs=2", "optim.lr=0.05", "optim.weight_decay=0", "trainer.seed=7",
-                              "data.batch_size=8"]), str(run))
+    with pytest.raises(
+        ConfigError,
+        match=r"other settings \(data.batch_size, optim.lr, optim.weight_decay, "
+        r"trainer.seed differ\).*optim.lr=0.05 \(the checkpoint's: 0.1\).*"
+        r"trainer.resume_override=true",
+    ):
+        train(
+            compose(
+                FAKE
+                + ["trainer.epochs=2", "optim.lr=0.05", "optim.weight_decay=0", "trainer.seed=7", "data.batch_size=8"]
+            ),
+            str(run),
+        )
     assert (run / "config.yaml").read_text() == before
     assert load_checkpoint(run / "checkpoints" / "last.pt")["epoch"] == 1
 
@@ -96,8 +107,10 @@ def test_settings_that_may_change_are_applied_and_logged(tmp_path):
 
 def test_resume_override_applies_the_new_optimizer_settings(tmp_path):
     run = _run(tmp_path, "trainer.epochs=1")
-    train(compose(FAKE + ["trainer.epochs=2", "optim.lr=0.05", "optim.weight_decay=0",
-                          "trainer.resume_override=true"]), str(run))
+    train(
+        compose(FAKE + ["trainer.epochs=2", "optim.lr=0.05", "optim.weight_decay=0", "trainer.resume_override=true"]),
+        str(run),
+    )
     records = metrics_without_timing(run / "metrics.jsonl")
     # epoch 2 of a 2-epoch cosine run started at lr 0.05: 0.05 * (1 + cos(pi / 2)) / 2
     assert records[1]["lr"] == pytest.approx(0.05 * (1 + math.cos(math.pi / 2)) / 2, abs=1e-12)
@@ -118,8 +131,9 @@ def test_mid_epoch_batch_size_change_continues_after_the_images_seen(tmp_path, m
         logging.getLogger("addernet.train").removeHandler(trigger)
     seen = []
     real = fit.Run.end_epoch
-    monkeypatch.setattr(fit.Run, "end_epoch", lambda self, e, r: (seen.append(self.sums.compute()["n"]),
-                                                                  real(self, e, r)))
+    monkeypatch.setattr(
+        fit.Run, "end_epoch", lambda self, e, r: (seen.append(self.sums.compute()["n"]), real(self, e, r))
+    )
     train(compose(args + ["data.batch_size=16", "trainer.resume_override=true"]), str(run))
     assert "continues after the 16 images it already trained on, at step 1" in _log(run)
     assert seen == [48]  # every training image exactly once: 2 steps of 8, then 2 steps of 16
@@ -132,10 +146,15 @@ def _teacher(tmp_path, name):
 def test_changing_the_kd_teacher_is_refused_even_with_override(tmp_path):
     one, two = _teacher(tmp_path, "t1"), _teacher(tmp_path, "t2")
     run = _run(tmp_path, "trainer.epochs=1", "task=kd", f"task.teacher={one}")
-    with pytest.raises(ConfigError, match=r"cannot be resumed with task.teacher=.*t2.*not even with "
-                                          r"trainer.resume_override"):
-        train(compose(FAKE + ["trainer.epochs=2", "task=kd", f"task.teacher={two}",
-                              "trainer.resume_override=true"]), str(run))
+    with pytest.raises(
+        ConfigError,
+        match=r"cannot be resumed with task.teacher=.*t2.*not even with "
+        r"trainer.resume_override",
+    ):
+        train(
+            compose(FAKE + ["trainer.epochs=2", "task=kd", f"task.teacher={two}", "trainer.resume_override=true"]),
+            str(run),
+        )
 
 
 def test_switching_optimizer_on_resume_is_one_line(tmp_path):
@@ -147,24 +166,30 @@ def test_switching_optimizer_on_resume_is_one_line(tmp_path):
     ckpt = load_checkpoint(last)
     ckpt["config"]["optim"] = OmegaConf.to_container(compose(FAKE + ["optim=adamw"]).optim)
     save_checkpoint(ckpt, last)
-    with pytest.raises(CheckpointError, match=r"holds the state of another optimizer .*momentum.* than this run's "
-                                              r"AdamW"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"holds the state of another optimizer .*momentum.* than this run's "
+        r"AdamW",
+    ):
         train(compose(FAKE + ["trainer.epochs=2", "optim=adamw"]), str(run))
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("format_version", "1", r"format_version '1', which is not a version"),
-    ("format_version", 99, r"format_version 99, newer than this code's 1"),
-    ("epoch", -1, r"epoch must be an integer >= 0, found -1"),
-    ("epoch", 2.0, r"epoch must be an integer >= 0, found 2.0"),
-    ("epoch", 3, r"history holds 1 epoch record\(s\) but epoch is 3"),
-    ("history", None, r"history must be a list of epoch records, found None"),
-    ("config", ["x"], r"config must be a dict \(the resolved config\), found a list of 1"),
-    ("optimizer", {}, r"optimizer must be an optimizer state_dict"),
-    ("step", 2, r"mid-epoch checkpoint \(step > 0\) must hold one RNG state per process"),
-])
-def test_hand_edited_checkpoint_fields_are_one_line(tmp_path, one_epoch, field, value, message):
-    run = one_epoch
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("format_version", "1", r"format_version '1', which is not a version"),
+        ("format_version", 99, r"format_version 99, newer than this code's 1"),
+        ("epoch", -1, r"epoch must be an integer >= 0, found -1"),
+        ("epoch", 2.0, r"epoch must be an integer >= 0, found 2.0"),
+        ("epoch", 3, r"history holds 1 epoch record\(s\) but epoch is 3"),
+        ("history", None, r"history must be a list of epoch records, found None"),
+        ("config", ["x"], r"config must be a dict \(the resolved config\), found a list of 1"),
+        ("optimizer", {}, r"optimizer must be an optimizer state_dict"),
+        ("step", 2, r"mid-epoch checkpoint \(step > 0\) must hold one RNG state per process"),
+    ],
+)
+def test_hand_edited_checkpoint_fields_are_one_line(tmp_path, finished_tiny_run, field, value, message):
+    run = finished_tiny_run
     edited = tmp_path / "edited.pt"
     ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
     ckpt[field] = value
@@ -174,10 +199,12 @@ def test_hand_edited_checkpoint_fields_are_one_line(tmp_path, one_epoch, field, 
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("value, message", [("x", "format_version 'x', which is not a version"),
-                                            (2, "format_version 2, newer than this code's 1")])
-def test_test_py_checks_format_version_like_resume(tmp_path, one_epoch, value, message):
-    run = one_epoch
+@pytest.mark.parametrize(
+    "value, message",
+    [("x", "format_version 'x', which is not a version"), (2, "format_version 2, newer than this code's 1")],
+)
+def test_test_py_checks_format_version_like_resume(tmp_path, finished_tiny_run, value, message):
+    run = finished_tiny_run
     ckpt = load_checkpoint(run / "checkpoints" / "best.pt")
     ckpt["format_version"] = value
     edited = tmp_path / "edited.pt"
@@ -185,3 +212,103 @@ def test_test_py_checks_format_version_like_resume(tmp_path, one_epoch, value, m
     args = [f"checkpoint={edited}", "trainer.progress=false"]
     with pytest.raises(CheckpointError, match=message):
         evaluate_checkpoint(compose(args, config_name="test"), args)
+
+
+# --- a resume with a different model or schedule --------------------------------------------------------------------
+
+
+def test_resume_with_the_other_layer_is_refused_and_keeps_the_config(tmp_path):
+    run = tmp_path / "run"
+    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    before = (run / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"last.pt was trained as a different model: model.layer=conv"):
+        train(compose(FAKE + ["trainer.epochs=2", "model.layer=conv"]), str(run))
+    assert (run / "config.yaml").read_text() == before
+
+
+# --- resuming with more epochs recomputes the schedule --------------------------------------------------------------
+
+
+def test_resume_with_more_epochs_continues_the_schedule_of_the_new_length(tmp_path):
+    run = tmp_path / "run"
+    train(compose(FAKE + ["trainer.epochs=2"]), str(run))
+    train(compose(FAKE + ["trainer.epochs=3"]), str(run))
+    lrs = [r["lr"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
+    cosine = [0.1 * (1 + math.cos(math.pi * e / 2)) / 2 for e in (0, 1)] + [0.1 * (1 + math.cos(math.pi * 2 / 3)) / 2]
+    assert lrs == pytest.approx(cosine, abs=1e-12) and lrs[2] == pytest.approx(0.025)
+    assert "trainer.epochs changed from 2 (the checkpoint's) to 3" in (run / "train.log").read_text()
+    ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert ckpt["epoch"] == 3 and ckpt["config"]["trainer"]["epochs"] == 3
+    assert OmegaConf.load(run / "config.yaml").trainer.epochs == 3
+
+
+# --- one run per run dir --------------------------------------------------------------------------------------------
+
+
+def test_a_locked_run_dir_fails_at_once_and_is_left_alone(tmp_path):
+    run = tmp_path / "run"
+    holder = rundir.lock_run_dir(str(run))  # what a live run holds
+    try:
+        with pytest.raises(
+            rundir.RunDirBusy, match=f"run dir {run} is in use by another training run \\(pid {os.getpid()}"
+        ):
+            train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+        assert sorted(os.listdir(run)) == [".lock"]  # no train.log, config.yaml or checkpoints written
+    finally:
+        holder.close()
+    train(compose(FAKE + ["trainer.epochs=1"]), str(run))  # released: the next run goes ahead
+
+
+@pytest.mark.slow
+def test_concurrent_train_py_in_one_run_dir(tmp_path):
+    run = tmp_path / "run"
+    args = FAKE + ["data.train_size=64", "data.batch_size=8", "trainer.epochs=2", f"hydra.run.dir={run}"]
+    first = start_train(args)
+    try:
+        wait_for_log(first, run / "train.log", "epoch 1/2 step 1/8")
+        first.send_signal(signal.SIGSTOP)  # frozen mid-run, lock held: the second run cannot win a race
+        try:
+            second = run_train(args, timeout=120)
+        finally:
+            first.send_signal(signal.SIGCONT)
+        assert second.returncode == 2 and "is in use by another training run" in second.stderr, second.stderr
+        assert "Traceback" not in second.stderr
+        assert first.wait(timeout=300) == 0, first.stderr.read()[-2000:]
+    finally:
+        first.kill()
+    assert [r["epoch"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [1, 2]
+
+
+# --- interrupted writes: stale temporaries, a full disk -------------------------------------------------------------
+
+
+def test_stale_tmp_files_are_removed_at_start(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    stale = [run / "checkpoints" / ".last.pt.k3j2.tmp", run / "metrics.jsonl.tmp"]
+    for p in stale:
+        p.write_bytes(b"half a write")
+    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    assert not any(p.exists() for p in stale)
+    assert sorted(os.listdir(run / "checkpoints")) == ["best.pt", "last.pt"]
+    assert "removed 2 temporary file(s) of an interrupted write" in (run / "train.log").read_text()
+
+
+def _disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_disk_full_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    last = run / "checkpoints" / "last.pt"
+    before = last.read_bytes()
+    monkeypatch.setattr(torch, "save", _disk_full)
+    with pytest.raises(
+        CheckpointError,
+        match=f"cannot write checkpoint {run}/checkpoints/(best|last).pt: no space "
+        f"left on device; the previous (best|last).pt is intact",
+    ):
+        train(compose(FAKE + ["trainer.epochs=2"]), str(run))
+    monkeypatch.undo()
+    assert last.read_bytes() == before and sorted(os.listdir(last.parent)) == ["best.pt", "last.pt"]

@@ -1,4 +1,5 @@
 """Atomic save and safe load of checkpoints."""
+
 import collections
 import os
 
@@ -9,9 +10,14 @@ from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoin
 
 
 def _state():
-    return {"model": collections.OrderedDict(w=torch.arange(6.0).view(2, 3)), "epoch": 3, "best_top1": 12.5,
-            "history": [{"epoch": 1, "val_top1": 1.0}], "rng": {"python": (3, tuple(range(5)), None)},
-            "config": {"trainer": {"seed": 0}}}
+    return {
+        "model": collections.OrderedDict(w=torch.arange(6.0).view(2, 3)),
+        "epoch": 3,
+        "best_top1": 12.5,
+        "history": [{"epoch": 1, "val_top1": 1.0}],
+        "rng": {"python": (3, tuple(range(5)), None)},
+        "config": {"trainer": {"seed": 0}},
+    }
 
 
 def test_round_trip_with_plain_containers(tmp_path):
@@ -46,7 +52,7 @@ def test_missing_file_is_named(tmp_path):
 def test_truncated_file_is_reported(tmp_path, keep):
     path = save_checkpoint(_state(), tmp_path / "last.pt")
     data = open(path, "rb").read()
-    open(path, "wb").write(data[:int(len(data) * keep)])
+    open(path, "wb").write(data[: int(len(data) * keep)])
     with pytest.raises(CheckpointError, match="truncated or corrupt"):
         load_checkpoint(path)
 

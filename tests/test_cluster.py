@@ -1,59 +1,70 @@
-"""Cluster launch: SLURM's task variables become torchrun's, the SLURM launcher config composes, and Hydra's
-submitit_local launcher runs a 2-job sweep end to end (summarized by scripts/summarize_runs.py), then resumes it."""
+"""Cluster launch: SLURM's task variables become torchrun's, and Hydra's submitit_local launcher runs a 2-job
+sweep end to end (summarized by scripts/summarize_runs.py), then resumes it."""
+
 import json
 import os
 
 import pytest
 
 from addernet.distributed import adopt_slurm_environment, first_host
+
 from helpers import REPO, run_train
 
 
-@pytest.mark.parametrize("nodelist, host", [("node7", "node7"), ("gpu[07-09,12]", "gpu07"),
-                                            ("gpu[3,5],cpu1", "gpu3"), ("a-b[001-004]", "a-b001")])
+@pytest.mark.parametrize(
+    "nodelist, host",
+    [("node7", "node7"), ("gpu[07-09,12]", "gpu07"), ("gpu[3,5],cpu1", "gpu3"), ("a-b[001-004]", "a-b001")],
+)
 def test_first_host_of_a_slurm_node_list(nodelist, host):
     assert first_host(nodelist) == host
 
 
 def test_slurm_tasks_become_torchrun_ranks_and_torchrun_wins():
-    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu[10-11]",
-           "SLURM_JOB_ID": "123456"}
+    env = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "16",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_NODELIST": "gpu[10-11]",
+        "SLURM_JOB_ID": "123456",
+    }
     assert adopt_slurm_environment(env)
     assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
-        "RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu10", "MASTER_PORT": "23456"}
+        "RANK": "5",
+        "WORLD_SIZE": "16",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "gpu10",
+        "MASTER_PORT": "23456",
+    }
     torchrun = {"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "3", "SLURM_NTASKS": "4"}
     assert not adopt_slurm_environment(torchrun) and torchrun["RANK"] == "0"
     single = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1"}
     assert not adopt_slurm_environment(single) and "RANK" not in single
 
 
-def test_slurm_launcher_config_composes_one_task_per_gpu():
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install hydra-submitit-launcher")
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = hydra_compose("train", overrides=["hydra/launcher=slurm", "hydra.launcher.nodes=4",
-                                                "hydra.launcher.gpus_per_node=2", "hydra.launcher.partition=gpu",
-                                                "experiment=imagenet_resnet18_adder"], return_hydra_config=True)
-    launcher = cfg.hydra.launcher
-    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
-    assert (launcher.nodes, launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (4, 2, 2, "gpu")
-    assert cfg.data.batch_size == 256  # the recipe's global batch, split over nodes x GPUs by the loader
-
-
 @pytest.mark.slow
 def test_submitit_local_runs_a_two_job_sweep_then_resumes_it(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install hydra-submitit-launcher")
     sweep = tmp_path / "sweep"
-    args = ["-m", "hydra/launcher=submitit_local", "experiment=debug", "data=fake", "model=lenet5_bn",
-            "data.image_size=28", "data.train_size=32", "data.val_size=16", "trainer.device=cpu",
-            "trainer.seed=0,1", f"hydra.sweep.dir={sweep}"]
+    args = [
+        "-m",
+        "hydra/launcher=submitit_local",
+        "experiment=debug",
+        "data=fake",
+        "model=lenet5_bn",
+        "data.image_size=28",
+        "data.train_size=32",
+        "data.val_size=16",
+        "trainer.device=cpu",
+        "trainer.seed=0,1",
+        f"hydra.sweep.dir={sweep}",
+    ]
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     done = run_train(args, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     jobs = sorted(p for p in sweep.iterdir() if (p / "metrics.jsonl").is_file())
-    assert [p.name.split("_")[0] for p in jobs] == ["0", "1"] and all(p.name.endswith(f"trainer.seed={i}")
-                                                                      for i, p in enumerate(jobs))
+    assert [p.name.split("_")[0] for p in jobs] == ["0", "1"] and all(
+        p.name.endswith(f"trainer.seed={i}") for i, p in enumerate(jobs)
+    )
     table = run_train([str(sweep)], script=("scripts/summarize_runs.py",))
     assert table.returncode == 0, table.stdout + table.stderr
     assert "| mean ± std (2 seeds) |" in table.stdout and table.stdout.count("| 1 | ") >= 2
@@ -69,10 +80,21 @@ def test_submitit_local_runs_a_two_job_sweep_then_resumes_it(tmp_path):
 def test_optuna_search_runs_two_trials_and_reports_the_best(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install hydra-optuna-sweeper")
     from omegaconf import OmegaConf
+
     sweep = tmp_path / "search"
-    args = ["-m", "hparams_search=lr_eta", "hydra.sweeper.n_trials=2", "experiment=debug", "data=fake",
-            "model=lenet5_bn", "data.image_size=28", "data.train_size=32", "data.val_size=16", "trainer.device=cpu",
-            f"hydra.sweep.dir={sweep}"]
+    args = [
+        "-m",
+        "hparams_search=lr_eta",
+        "hydra.sweeper.n_trials=2",
+        "experiment=debug",
+        "data=fake",
+        "model=lenet5_bn",
+        "data.image_size=28",
+        "data.train_size=32",
+        "data.val_size=16",
+        "trainer.device=cpu",
+        f"hydra.sweep.dir={sweep}",
+    ]
     done = run_train(args, env={"OMP_NUM_THREADS": "1"}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     trials = sorted(p for p in sweep.iterdir() if (p / "metrics.jsonl").is_file())

@@ -5,6 +5,7 @@ BatchNorm reductions round differently and a ReLU input near 0 can flip, which m
 entries by ~1e-3 of the largest one (legitimately). aot_eager checks graph capture and AOT autograd
 around the adder custom ops; inductor (C++ codegen on CPU, Triton on a GPU) is what trainer.compile uses.
 """
+
 import copy
 
 import pytest
@@ -63,13 +64,25 @@ def test_train_py_compiles_the_model_when_asked(tmp_path, monkeypatch):
     """trainer.compile=true reaches nn.Module.compile of the training model (recorded, not run: the
     numerics of a compiled model are the tests above)."""
     from addernet.engine import train
+
     from helpers import compose
 
     compiled = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compiled.append(type(self).__name__))
-    base = ["data=fake", "model=lenet5_bn", "data.image_size=28", "data.in_channels=1", "data.mean=[0.5]",
-            "data.std=[0.5]", "data.train_size=16", "data.val_size=8", "data.batch_size=8", "trainer.epochs=1",
-            "trainer.progress=false", "data.num_workers=0"]
+    base = [
+        "data=fake",
+        "model=lenet5_bn",
+        "data.image_size=28",
+        "data.in_channels=1",
+        "data.mean=[0.5]",
+        "data.std=[0.5]",
+        "data.train_size=16",
+        "data.val_size=8",
+        "data.batch_size=8",
+        "trainer.epochs=1",
+        "trainer.progress=false",
+        "data.num_workers=0",
+    ]
     train(compose(base), str(tmp_path / "off"))
     assert compiled == []
     train(compose(base + ["trainer.compile=true"]), str(tmp_path / "on"))

@@ -1,8 +1,8 @@
 """Op counter: closed-form layer counts, torch's own FLOP counter, the paper's tables, the script's JSON."""
+
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,10 +13,17 @@ from addernet import Adder2d
 from addernet.analysis import count_model_ops, count_ops
 from addernet.models import build_model
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import REPO, load_script
+
 # name -> (image size, classes) at the dataset's resolution
-DATA = {"resnet20": (32, 10), "resnet32": (32, 10), "vgg_small": (32, 10), "lenet5_bn": (28, 10),
-        "resnet18": (224, 1000), "resnet50": (224, 1000)}
+DATA = {
+    "resnet20": (32, 10),
+    "resnet32": (32, 10),
+    "vgg_small": (32, 10),
+    "lenet5_bn": (28, 10),
+    "resnet18": (224, 1000),
+    "resnet50": (224, 1000),
+}
 
 
 def _count(name, layer):
@@ -25,9 +32,17 @@ def _count(name, layer):
 
 
 def test_small_network_matches_hand_count():
-    net = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=True), nn.BatchNorm2d(8), nn.ReLU(),
-                        Adder2d(8, 4, 3, padding=1), nn.BatchNorm2d(4), nn.MaxPool2d(2),
-                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5))
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=True),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        Adder2d(8, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.MaxPool2d(2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 5),
+    )
     r = count_ops(net, (3, 9, 9))
     # conv: 8x5x5 outputs x 27 MACs, + 200 bias adds; adder: 4x5x5 outputs x 72, two adds each;
     # linear: 20 MACs + 5 bias adds; BN: 200 + 100 elements; max-pool 2x2 -> 16 outputs x 3 compares;
@@ -46,9 +61,11 @@ def test_small_network_matches_hand_count():
 @pytest.mark.parametrize("name,n", [("resnet20", 3), ("resnet32", 5)])
 def test_cifar_resnet_matches_closed_form(name, n):
     """Body = 3x3 convolutions of the three stages + the two 1x1 stride-2 shortcut projections."""
-    body = (2 * n * 16 * 16 * 9 * 32 * 32
-            + (16 * 32 * 9 + (2 * n - 1) * 32 * 32 * 9 + 16 * 32) * 16 * 16
-            + (32 * 64 * 9 + (2 * n - 1) * 64 * 64 * 9 + 32 * 64) * 8 * 8)
+    body = (
+        2 * n * 16 * 16 * 9 * 32 * 32
+        + (16 * 32 * 9 + (2 * n - 1) * 32 * 32 * 9 + 16 * 32) * 16 * 16
+        + (32 * 64 * 9 + (2 * n - 1) * 64 * 64 * 9 + 32 * 64) * 8 * 8
+    )
     stem, fc = 3 * 16 * 9 * 32 * 32, 64 * 10
     conv, adder = _count(name, "conv"), _count(name, "adder")
     assert conv["body"]["mul"] == conv["body"]["add"] == body
@@ -64,18 +81,34 @@ def test_conv_and_linear_macs_agree_with_torch_flop_counter(name):
     with torch.device("meta"):
         model = build_model(name, "conv", classes).eval()
     with FlopCounterMode(display=False) as counter:
-        model(torch.empty(1, model.get_submodule("conv0" if name == "vgg_small" else "conv1").in_channels,
-                          size, size, device="meta"))
+        model(
+            torch.empty(
+                1,
+                model.get_submodule("conv0" if name == "vgg_small" else "conv1").in_channels,
+                size,
+                size,
+                device="meta",
+            )
+        )
     conv, adder = _count(name, "conv"), _count(name, "adder")
     assert 2 * conv["paper"]["mul"] == counter.get_total_flops()
     assert adder["body"]["add"] == 2 * conv["body"]["mul"] and adder["body"]["mul"] == 0
-    assert adder["total"]["params"] == conv["total"]["params"] == sum(
-        p.numel() for p in build_model(name, "adder", classes).parameters())
+    assert (
+        adder["total"]["params"]
+        == conv["total"]["params"]
+        == sum(p.numel() for p in build_model(name, "adder", classes).parameters())
+    )
 
 
 # The AdderNet paper's (#Mul, #Add): CNN rows count Mul = Add = MACs, AdderNet rows 0 Mul and 2x Add.
-PAPER = {"resnet20": (41.17e6, 82.34e6), "resnet32": (69.12e6, 138.24e6), "vgg_small": (0.65e9, 1.30e9),
-         "resnet18": (1.8e9, 3.6e9), "resnet50": (3.9e9, 7.7e9), "lenet5_bn": (435e3, None)}
+PAPER = {
+    "resnet20": (41.17e6, 82.34e6),
+    "resnet32": (69.12e6, 138.24e6),
+    "vgg_small": (0.65e9, 1.30e9),
+    "resnet18": (1.8e9, 3.6e9),
+    "resnet50": (3.9e9, 7.7e9),
+    "lenet5_bn": (435e3, None),
+}
 # VGG-small (LQ-Nets layout) has 607.6M MACs in all its convolution and linear layers together,
 # 6.5% under the paper's 0.65G: no layer set of that architecture reaches 0.65G, so its row gets 7%.
 TOL = {"vgg_small": 0.07}
@@ -100,9 +133,15 @@ def test_count_ops_rejects_unknown_layers():
         count_ops(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Softplus()), (3, 8, 8))
 
 
+@pytest.mark.slow
 def test_script_prints_table_then_json(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "count_ops.py"), "model=vgg_small",
-                          "model.layer=conv"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "count_ops.py"), "model=vgg_small", "model.layer=conv"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert any(line.startswith("whole network") for line in lines)
@@ -113,19 +152,24 @@ def test_script_prints_table_then_json(tmp_path):
     assert not list(tmp_path.iterdir()), "count_ops.py must not write a run directory"
 
 
-def test_script_counts_at_the_models_native_input_unless_data_is_given(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("count_ops_script", ROOT / "scripts" / "count_ops.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+def test_script_counts_at_the_models_native_input_unless_data_is_given():
+    script = load_script("count_ops")
     assert script.native_data(["model=lenet5_bn"]) == "data=mnist"
     assert script.native_data(["model=resnet18", "model.layer=conv"]) == "data=imagenet"
     assert script.native_data([]) == "data=cifar10"
     assert script.native_data(["model=resnet50", "data=cifar10"]) is None  # the user's choice wins
     assert script.native_data(["experiment=imagenet_resnet50_adder"]) is None
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "count_ops.py"), "model=resnet50"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_script_counts_resnet50_at_imagenet_size_by_default(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "count_ops.py"), "model=resnet50"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["input"] == [1, 3, 224, 224] and got == json.loads(json.dumps(_count("resnet50", "adder")))

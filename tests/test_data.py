@@ -1,9 +1,11 @@
 """Datasets, transforms and loaders: real file formats, exact sharding, reproducible epochs, clear errors."""
+
 import pytest
 import torch
 
 from addernet.data import DataError, build_dataset, build_loader, seed_epoch
-from helpers import CIFAR10_CLASSES, CIFAR_SAMPLE, compose, trust_cifar10_md5, write_cifar10
+
+from helpers import CIFAR10_CLASSES, CIFAR_SAMPLE, compose, needs_shared, trust_cifar10_md5, write_cifar10
 
 
 def _cfg(*overrides):
@@ -52,7 +54,7 @@ def test_class_count_mismatch_is_reported(tmp_path, jpeg_cifar):
         build_dataset(_cfg("data=cifar10_folder", f"data.root={jpeg_cifar}"), "train")
 
 
-@pytest.mark.skipif(not CIFAR_SAMPLE.is_dir(), reason=f"shared CIFAR-10 sample not found at {CIFAR_SAMPLE}")
+@needs_shared("cifar10-test-sample")
 def test_val_dir_alone_reads_the_shared_cifar_sample():
     ds = build_dataset(_cfg("data=cifar10_folder", f"data.val_dir={CIFAR_SAMPLE}"), "val")
     assert len(ds) == 1000 and ds.classes == CIFAR10_CLASSES
@@ -79,14 +81,25 @@ def test_val_shards_cover_every_sample_exactly_once(world, batch):
 
 def test_batch_must_split_across_processes():
     with pytest.raises(DataError, match="multiple of the number of processes"):
-        build_loader(_cfg("data=fake", "data.batch_size=5"), "val", torch.utils.data.TensorDataset(torch.arange(8)),
-                     rank=0, world_size=2)
+        build_loader(
+            _cfg("data=fake", "data.batch_size=5"),
+            "val",
+            torch.utils.data.TensorDataset(torch.arange(8)),
+            rank=0,
+            world_size=2,
+        )
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_epoch_randomness_is_a_function_of_seed_and_epoch(jpeg_cifar, workers):
-    cfg = _cfg("data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.batch_size=16",
-               f"data.num_workers={workers}", "data.pin_memory=false")
+    cfg = _cfg(
+        "data=cifar10_folder",
+        f"data.root={jpeg_cifar}",
+        "data.num_classes=4",
+        "data.batch_size=16",
+        f"data.num_workers={workers}",
+        "data.pin_memory=false",
+    )
     loader = build_loader(cfg, "train", seed=7)
 
     def epoch(e):

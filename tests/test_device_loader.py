@@ -1,5 +1,6 @@
 """data.on_device=true (addernet/data/device_loader.py): torchvision's crop/flip distributions, exactness against a
 per-image reference of the same draws, resume by slicing, exact sharding, and train.py end to end."""
+
 import logging
 
 import pytest
@@ -13,9 +14,18 @@ from torch.utils.data import DistributedSampler, Subset, TensorDataset
 from addernet.checkpoint import load_checkpoint
 from addernet.data import DataError, DeviceLoader, build_dataset, build_loader, epoch_seed, iter_from, seed_epoch
 from addernet.engine import Preempted, train
+from addernet.engine.eval_run import evaluate_checkpoint
+
+from helpers import (
+    FAST,
+    compose,
+    metrics_without_timing,
+    trust_cifar10_md5,
+    write_cifar10,
+    write_jpeg_folder,
+    write_mnist,
+)
 from helpers import SigtermOn as _SigtermOn
-from helpers import (compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10, write_jpeg_folder,
-                     write_mnist)
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
 # Upper 0.1% points of the chi-square distribution (scipy.stats.chi2.ppf(0.999, df)), df = 81 cells - 1.
@@ -29,8 +39,13 @@ def _cfg(*overrides):
 def _coordinate_image():
     """3 x 32 x 32 uint8: channel 0 holds row + 1, channel 1 column + 1 (0 is left for the zero padding)."""
     steps = torch.arange(1, 33, dtype=torch.uint8)
-    return torch.stack([steps.view(32, 1).expand(32, 32), steps.view(1, 32).expand(32, 32),
-                        torch.full((32, 32), 100, dtype=torch.uint8)])
+    return torch.stack(
+        [
+            steps.view(32, 1).expand(32, 32),
+            steps.view(1, 32).expand(32, 32),
+            torch.full((32, 32), 100, dtype=torch.uint8),
+        ]
+    )
 
 
 def _offsets_and_flips(batch):
@@ -52,8 +67,18 @@ def _cell_counts(top, left):
 def test_crops_and_flips_have_torchvision_distribution():
     n = 8100  # 100 per crop offset
     images = _coordinate_image().expand(n, 3, 32, 32).contiguous()
-    loader = DeviceLoader(TensorDataset(torch.arange(n)), images, torch.arange(n), batch_size=1024, train=True,
-                          transform="cifar", image_size=32, mean=(0, 0, 0), std=(1, 1, 1), seed=11)
+    loader = DeviceLoader(
+        TensorDataset(torch.arange(n)),
+        images,
+        torch.arange(n),
+        batch_size=1024,
+        train=True,
+        transform="cifar",
+        image_size=32,
+        mean=(0, 0, 0),
+        std=(1, 1, 1),
+        seed=11,
+    )
     seed_epoch(loader, 11, 0)
     ours = _offsets_and_flips(torch.cat([x for x, _ in loader]))
 
@@ -88,7 +113,7 @@ def _reference_epoch(images, labels, *, seed, epoch, rank, world, batch, size, m
     out = []
     for k, i in enumerate(order):
         img = F.pad(torch.from_numpy(images[i]).permute(2, 0, 1), (4, 4, 4, 4))
-        img = img[:, top[k]:top[k] + size, left[k]:left[k] + size]
+        img = img[:, top[k] : top[k] + size, left[k] : left[k] + size]
         if flip[k]:
             img = img.flip(-1)
         out.append(TF.normalize(TF.to_tensor(img.permute(1, 2, 0).numpy()), mean, std))
@@ -99,8 +124,13 @@ def _reference_epoch(images, labels, *, seed, epoch, rank, world, batch, size, m
 def test_train_batches_equal_a_per_image_reference(tmp_path, monkeypatch, world, size):
     written = write_cifar10(tmp_path, n_train=33, n_test=5)  # 33 = 4 x 8 + 1: the lone last sample is dropped
     trust_cifar10_md5(monkeypatch, written["md5"])
-    cfg = _cfg(f"data.root={tmp_path}", "data.download=false", "data.batch_size=8", "data.on_device=true",
-               f"data.image_size={size}")
+    cfg = _cfg(
+        f"data.root={tmp_path}",
+        "data.download=false",
+        "data.batch_size=8",
+        "data.on_device=true",
+        f"data.image_size={size}",
+    )
     images, labels = written["train"]
     for rank in range(world):
         loader = build_loader(cfg, "train", rank=rank, world_size=world, seed=5)
@@ -108,18 +138,36 @@ def test_train_batches_equal_a_per_image_reference(tmp_path, monkeypatch, world,
         batches = list(loader)
         assert len(batches) == len(loader) == 4  # 33 // 8, or 17 // 4 per rank
         assert all(x.dtype == torch.float32 and x.shape[1:] == (3, size, size) for x, _ in batches)
-        want_x, want_y = _reference_epoch(images, labels, seed=5, epoch=2, rank=rank, world=world,
-                                          batch=8 // world, size=size, mean=CIFAR_MEAN, std=CIFAR_STD)
+        want_x, want_y = _reference_epoch(
+            images,
+            labels,
+            seed=5,
+            epoch=2,
+            rank=rank,
+            world=world,
+            batch=8 // world,
+            size=size,
+            mean=CIFAR_MEAN,
+            std=CIFAR_STD,
+        )
         assert torch.equal(torch.cat([y for _, y in batches]), want_y)
         assert torch.equal(torch.cat([x for x, _ in batches]), want_x)
 
 
 def test_same_shuffle_and_shards_as_the_torchvision_path(jpeg_cifar):
-    base = ["data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.batch_size=10",
-            "data.num_workers=0", "data.pin_memory=false"]
+    base = [
+        "data=cifar10_folder",
+        f"data.root={jpeg_cifar}",
+        "data.num_classes=4",
+        "data.batch_size=10",
+        "data.num_workers=0",
+        "data.pin_memory=false",
+    ]
     for rank in range(2):
-        loaders = [build_loader(_cfg(*base, f"data.on_device={on}"), "train", rank=rank, world_size=2, seed=4)
-                   for on in (False, True)]
+        loaders = [
+            build_loader(_cfg(*base, f"data.on_device={on}"), "train", rank=rank, world_size=2, seed=4)
+            for on in (False, True)
+        ]
         for loader in loaders:
             seed_epoch(loader, 4, 3, rank)
         (tv, dev) = ([y for _, y in loader] for loader in loaders)
@@ -127,8 +175,14 @@ def test_same_shuffle_and_shards_as_the_torchvision_path(jpeg_cifar):
         assert all(torch.equal(a, b) for a, b in zip(tv, dev))
         # validation: no augmentation, so the very same tensors (PIL decode once vs per image), incl. a centre crop
         for size in (32, 28):
-            vals = [list(build_loader(_cfg(*base, f"data.on_device={on}", f"data.image_size={size}"), "val",
-                                      rank=rank, world_size=2)) for on in (False, True)]
+            vals = [
+                list(
+                    build_loader(
+                        _cfg(*base, f"data.on_device={on}", f"data.image_size={size}"), "val", rank=rank, world_size=2
+                    )
+                )
+                for on in (False, True)
+            ]
             assert len(vals[0]) == len(vals[1])
             assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*vals))
 
@@ -139,9 +193,19 @@ def test_val_shards_cover_every_sample_exactly_once(world, batch):
     images = torch.arange(n, dtype=torch.uint8).view(n, 1, 1, 1).expand(n, 1, 32, 32).contiguous()
     seen = []
     for rank in range(world):
-        loader = DeviceLoader(TensorDataset(torch.arange(n)), images, torch.arange(n), batch_size=batch // world,
-                              train=False, transform="cifar", image_size=32, mean=(0,), std=(1,), rank=rank,
-                              world_size=world)
+        loader = DeviceLoader(
+            TensorDataset(torch.arange(n)),
+            images,
+            torch.arange(n),
+            batch_size=batch // world,
+            train=False,
+            transform="cifar",
+            image_size=32,
+            mean=(0,),
+            std=(1,),
+            rank=rank,
+            world_size=world,
+        )
         assert len(loader.dataset.dataset) == n
         for x, y in loader:
             assert torch.equal((x[:, 0, 5, 7] * 255).round().long(), y)  # each image is its own sample
@@ -150,8 +214,13 @@ def test_val_shards_cover_every_sample_exactly_once(world, batch):
 
 
 def test_fast_forward_equals_the_tail_of_the_epoch(jpeg_cifar):
-    cfg = _cfg("data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.batch_size=8",
-               "data.on_device=true")
+    cfg = _cfg(
+        "data=cifar10_folder",
+        f"data.root={jpeg_cifar}",
+        "data.num_classes=4",
+        "data.batch_size=8",
+        "data.on_device=true",
+    )
     loader = build_loader(cfg, "train", seed=9)
     seed_epoch(loader, 9, 1)
     full = list(loader)
@@ -172,8 +241,14 @@ def test_mnist_tensor_resident_batches_equal_the_pil_path(tmp_path, split):
     write_mnist(tmp_path, n_train=45, n_test=21)
     batches = {}
     for on_device in ("true", "false"):
-        cfg = _cfg("data=mnist", f"data.root={tmp_path}", "data.download=false", f"data.on_device={on_device}",
-                   "data.batch_size=8", "data.num_workers=0")
+        cfg = _cfg(
+            "data=mnist",
+            f"data.root={tmp_path}",
+            "data.download=false",
+            f"data.on_device={on_device}",
+            "data.batch_size=8",
+            "data.num_workers=0",
+        )
         if split == "subset":
             loader = build_loader(cfg, "val", Subset(build_dataset(cfg, "train"), [44, 3, 17, 3, 0, 29, 8, 11, 40]))
         else:
@@ -187,10 +262,16 @@ def test_mnist_tensor_resident_batches_equal_the_pil_path(tmp_path, split):
         assert x.dtype == x_ref.dtype and x.shape == x_ref.shape and torch.equal(x, x_ref) and torch.equal(y, y_ref)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["data=imagenet", "data.on_device=true"], r"data=imagenet .* does not say one \(data.native_size\); use data.on_device=false"),
-    (["data.on_device=true", "data.transform=imagenet"], "not 'imagenet'; use data.on_device=false"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["data=imagenet", "data.on_device=true"],
+            r"data=imagenet .* does not say one \(data.native_size\); use data.on_device=false",
+        ),
+        (["data.on_device=true", "data.transform=imagenet"], "not 'imagenet'; use data.on_device=false"),
+    ],
+)
 def test_unsupported_datasets_are_refused(overrides, message):
     with pytest.raises(DataError, match=message):
         build_loader(_cfg(*overrides), "val", TensorDataset(torch.arange(4)))
@@ -206,27 +287,47 @@ def test_mixed_image_sizes_are_refused(tmp_path):
 
 # ------------------------------------------------------------------------------------------- end to end
 
-FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
 
-
-@pytest.mark.slow
-def test_train_py_and_test_py_on_device(tmp_path, jpeg_cifar):
+def test_training_and_test_py_evaluation_on_device(tmp_path, jpeg_cifar):
     run = tmp_path / "run"
-    res = run_train(["data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.batch_size=16",
-                     "model=lenet5_bn", "data.image_size=28", "data.on_device=true", "trainer.epochs=1", f"hydra.run.dir={run}", *FAST])
-    assert res.returncode == 0, res.stderr[-3000:]
+    train(
+        compose(
+            [
+                "data=cifar10_folder",
+                f"data.root={jpeg_cifar}",
+                "data.num_classes=4",
+                "data.batch_size=16",
+                "model=lenet5_bn",
+                "data.image_size=28",
+                "data.on_device=true",
+                "trainer.epochs=1",
+                *FAST,
+            ]
+        ),
+        str(run),
+    )
     [record] = metrics_without_timing(run / "metrics.jsonl")
     assert record["val_n"] == 37 and "48 train / 37 val images" in (run / "train.log").read_text()
-    res = run_train([f"checkpoint={run / 'checkpoints' / 'last.pt'}"], script=("test.py",))
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert f'"top1": {record["val_top1"]}' in res.stdout.splitlines()[-1]
+    args = [f"checkpoint={run / 'checkpoints' / 'last.pt'}", "trainer.progress=false"]
+    result = evaluate_checkpoint(compose(args, config_name="test"), args)  # test.py: the stored config's data
+    assert result["n"] == 37 and result["top1"] == record["val_top1"]
 
 
 @pytest.mark.slow
 def test_mid_epoch_resume_equals_uninterrupted(tmp_path, jpeg_cifar):
-    base = ["data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.batch_size=8",
-            "data.image_size=28", "model=lenet5_bn", "data.on_device=true", "trainer.epochs=2",
-            "trainer.deterministic=true", "trainer.seed=2", *FAST]
+    base = [
+        "data=cifar10_folder",
+        f"data.root={jpeg_cifar}",
+        "data.num_classes=4",
+        "data.batch_size=8",
+        "data.image_size=28",
+        "model=lenet5_bn",
+        "data.on_device=true",
+        "trainer.epochs=2",
+        "trainer.deterministic=true",
+        "trainer.seed=2",
+        *FAST,
+    ]
     train(compose(base), str(tmp_path / "reference"))
     trigger = _SigtermOn("epoch 2/2 step 3/6")
     logging.getLogger("addernet.train").addHandler(trigger)
@@ -237,8 +338,9 @@ def test_mid_epoch_resume_equals_uninterrupted(tmp_path, jpeg_cifar):
         logging.getLogger("addernet.train").removeHandler(trigger)
     assert (load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["step"]) == 3
     train(compose(base), str(tmp_path / "run"))  # resumes from run/checkpoints/last.pt
-    assert metrics_without_timing(tmp_path / "run" / "metrics.jsonl") == \
-        metrics_without_timing(tmp_path / "reference" / "metrics.jsonl")
+    assert metrics_without_timing(tmp_path / "run" / "metrics.jsonl") == metrics_without_timing(
+        tmp_path / "reference" / "metrics.jsonl"
+    )
     ref = load_checkpoint(tmp_path / "reference" / "checkpoints" / "last.pt")["model"]
     got = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["model"]
     assert all(torch.equal(ref[k], got[k]) for k in ref)

@@ -1,5 +1,6 @@
 """torchrun with 2 CPU processes (gloo) through scripts/dist_train.sh: one run dir, rank 0 alone writes,
 validation counts every sample exactly once and matches a single-process evaluation."""
+
 import json
 import os
 import sys
@@ -9,21 +10,44 @@ import pytest
 from addernet.checkpoint import load_checkpoint
 from addernet.data import build_loader
 from addernet.engine import evaluate, model_from_config
+
 from helpers import compose, run_train
 
-ARGS = ["data=fake", "data.train_size=64", "data.val_size=37", "data.batch_size=16", "model=lenet5_bn",
-        "data.image_size=28", "trainer.epochs=2", "trainer.progress=false", "trainer.log_every=1"]
+ARGS = [
+    "data=fake",
+    "data.train_size=64",
+    "data.val_size=37",
+    "data.batch_size=16",
+    "model=lenet5_bn",
+    "data.image_size=28",
+    "trainer.epochs=2",
+    "trainer.progress=false",
+    "trainer.log_every=1",
+]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_torchrun_two_cpu_processes(tmp_path):
     run = tmp_path / "outputs" / "job"
-    proc = run_train(ARGS, script=("bash", "scripts/dist_train.sh", "2"), timeout=300,
-                     env={"PYTHON": sys.executable, "RUN_DIR": str(run), "OMP_NUM_THREADS": "1"})
+    proc = run_train(
+        ARGS,
+        script=("bash", "scripts/dist_train.sh", "2"),
+        timeout=300,
+        env={"PYTHON": sys.executable, "RUN_DIR": str(run), "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert os.listdir(tmp_path / "outputs") == ["job"]  # one run dir for the job
-    assert {p.name for p in run.iterdir()} == {".hydra", ".lock", "config.yaml", "train.log", "metrics.jsonl",
-                                               "tensorboard", "checkpoints", "run.json"}
+    assert {p.name for p in run.iterdir()} == {
+        ".hydra",
+        ".lock",
+        "config.yaml",
+        "train.log",
+        "metrics.jsonl",
+        "tensorboard",
+        "checkpoints",
+        "run.json",
+    }
     tb = run / "tensorboard"
     # rank 0's writer and, in the same dir (one run in TensorBoard), its hparams writer
     assert len([p for p in tb.iterdir() if p.name.startswith("events")]) == 2

@@ -1,5 +1,6 @@
 """The engine after the redesign: pinned numbers of a deterministic run, tasks as plug-ins, no per-step
 host synchronisation, optimizer/schedule factories, and the error hierarchy."""
+
 import json
 import logging
 import math
@@ -13,39 +14,67 @@ from addernet import errors
 from addernet.checkpoint import load_checkpoint
 from addernet.engine import loop, train
 from addernet.optim import build_optimizer, build_scheduler
-from helpers import SigtermOn as _SigtermOn, compose, metrics_without_timing
+
+from helpers import SigtermOn as _SigtermOn
+from helpers import compose, metrics_without_timing
 
 FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false"]
-LENET_FAKE = ["data=fake", "model=lenet5_bn", "data.image_size=28", "data.in_channels=1", "data.mean=[0.5]",
-              "data.std=[0.5]", "data.val_size=32", "data.batch_size=16", *FAST]
+LENET_FAKE = [
+    "data=fake",
+    "model=lenet5_bn",
+    "data.image_size=28",
+    "data.in_channels=1",
+    "data.mean=[0.5]",
+    "data.std=[0.5]",
+    "data.val_size=32",
+    "data.batch_size=16",
+    *FAST,
+]
 
 # Pinned on 2026-12-01 with the engine BEFORE the redesign (addernet/engine/trainer.py at 04b3a6a), then
 # reproduced bit for bit after it: LeNet-5-BN AdderNet on FakeData, 2 epochs, deterministic, one thread,
 # the unfold reference backend (so kernel optimisations cannot move the numbers).
 PINNED = [
-    {"epoch": 1, "lr": 0.1, "train_loss": 2.334675908088684, "train_top1": 11.458333333333334,
-     "val_loss": 2.3112815618515015, "val_top1": 3.125, "val_top5": 43.75, "val_n": 32},
-    {"epoch": 2, "lr": 0.05, "train_loss": 2.2590474685033164, "train_top1": 14.583333333333334,
-     "val_loss": 2.3377758264541626, "val_top1": 3.125, "val_top5": 43.75, "val_n": 32},
+    {
+        "epoch": 1,
+        "lr": 0.1,
+        "train_loss": 2.334675908088684,
+        "train_top1": 11.458333333333334,
+        "val_loss": 2.3112815618515015,
+        "val_top1": 3.125,
+        "val_top5": 43.75,
+        "val_n": 32,
+    },
+    {
+        "epoch": 2,
+        "lr": 0.05,
+        "train_loss": 2.2590474685033164,
+        "train_top1": 14.583333333333334,
+        "val_loss": 2.3377758264541626,
+        "val_top1": 3.125,
+        "val_top5": 43.75,
+        "val_n": 32,
+    },
 ]
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_deterministic_run_reproduces_the_pinned_numbers(tmp_path, monkeypatch, one_thread):
     monkeypatch.setenv("ADDERNET_BACKEND", "reference")
-    cfg = compose([*LENET_FAKE, "data.train_size=96", "trainer.epochs=2", "trainer.deterministic=true",
-                   "trainer.seed=0", "trainer.log_every=1"])
+    cfg = compose(
+        [
+            *LENET_FAKE,
+            "data.train_size=96",
+            "trainer.epochs=2",
+            "trainer.deterministic=true",
+            "trainer.seed=0",
+            "trainer.log_every=1",
+        ]
+    )
     train(cfg, str(tmp_path / "run"))
     assert metrics_without_timing(tmp_path / "run" / "metrics.jsonl") == PINNED
 
 
+@pytest.mark.slow  # two runs, 16 steps
 def test_a_task_module_adds_its_parts_to_metrics_tensorboard_and_log(tmp_path):
     base = [*LENET_FAKE, "data.train_size=64", "trainer.epochs=2", "trainer.seed=0"]
     train(compose(base + ["task.name=helpers.L2PenaltyTask", "+task.weight=0.01"]), str(tmp_path / "l2"))
@@ -60,14 +89,28 @@ def test_a_task_module_adds_its_parts_to_metrics_tensorboard_and_log(tmp_path):
     assert [round(e.value, 5) for e in events.Scalars("train/l2")] == [round(r["train_l2"], 5) for r in records]
     assert "train_l2 " in (tmp_path / "l2" / "train.log").read_text()
     # the penalty really is in the gradient: the weights shrink compared with the plain task's run
-    norm = {name: sum(float((v.float() ** 2).sum()) for k, v in load_checkpoint(
-        tmp_path / name / "checkpoints" / "last.pt")["model"].items() if k.endswith("weight")) for name in ("l2", "plain")}
+    norm = {
+        name: sum(
+            float((v.float() ** 2).sum())
+            for k, v in load_checkpoint(tmp_path / name / "checkpoints" / "last.pt")["model"].items()
+            if k.endswith("weight")
+        )
+        for name in ("l2", "plain")
+    }
     assert norm["l2"] < 0.9 * norm["plain"]
 
 
+@pytest.mark.slow  # three runs, about 20 steps
 def test_a_task_owned_module_trains_is_checkpointed_and_resumes_exactly(tmp_path):
-    base = [*LENET_FAKE, "data.train_size=48", "data.batch_size=8", "trainer.epochs=2", "trainer.deterministic=true",
-            "trainer.log_every=1", "task.name=helpers.AuxHeadTask"]
+    base = [
+        *LENET_FAKE,
+        "data.train_size=32",
+        "data.batch_size=8",
+        "trainer.epochs=2",
+        "trainer.deterministic=true",
+        "trainer.log_every=1",
+        "task.name=helpers.AuxHeadTask",
+    ]
     train(compose(base), str(tmp_path / "reference"))
     ref = load_checkpoint(tmp_path / "reference" / "checkpoints" / "last.pt")
     head = ref["task"]["head"]
@@ -76,7 +119,7 @@ def test_a_task_owned_module_trains_is_checkpointed_and_resumes_exactly(tmp_path
     assert not torch.equal(head["weight"], untrained["weight"])  # in the optimizer: it trained
     assert all(n in ref["optimizer"]["state"] for n in range(len(ref["optimizer"]["param_groups"][1]["params"])))
 
-    trigger = _SigtermOn("epoch 2/2 step 3/6")
+    trigger = _SigtermOn("epoch 2/2 step 3/4")
     logging.getLogger("addernet.train").addHandler(trigger)
     try:
         with pytest.raises(errors.Preempted):
@@ -87,8 +130,9 @@ def test_a_task_owned_module_trains_is_checkpointed_and_resumes_exactly(tmp_path
     got = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")
     assert all(torch.equal(head[k], got["task"]["head"][k]) for k in head)
     assert all(torch.equal(ref["model"][k], got["model"][k]) for k in ref["model"])
-    assert metrics_without_timing(tmp_path / "a" / "metrics.jsonl") == \
-        metrics_without_timing(tmp_path / "reference" / "metrics.jsonl")
+    assert metrics_without_timing(tmp_path / "a" / "metrics.jsonl") == metrics_without_timing(
+        tmp_path / "reference" / "metrics.jsonl"
+    )
 
 
 def _in_data_loading():
@@ -109,6 +153,7 @@ def _count_host_syncs(monkeypatch, tmp_path, name, train_size, log_every):
             if in_steps["on"] and not _in_data_loading():
                 counts["sync"] += 1
             return real(self, *a, **k)
+
         return wrapper
 
     def epoch(*a, **k):
@@ -126,18 +171,21 @@ def _count_host_syncs(monkeypatch, tmp_path, name, train_size, log_every):
         monkeypatch.setattr(torch.Tensor, method, counted(method))
     monkeypatch.setattr(loop, "host_check", check)
     monkeypatch.setattr("addernet.engine.fit.train_epoch", epoch)
-    train(compose([*LENET_FAKE, f"data.train_size={train_size}", "trainer.epochs=1",
-                   f"trainer.log_every={log_every}"]), str(tmp_path / name))
+    train(
+        compose([*LENET_FAKE, f"data.train_size={train_size}", "trainer.epochs=1", f"trainer.log_every={log_every}"]),
+        str(tmp_path / name),
+    )
     monkeypatch.undo()
     return counts
 
 
+@pytest.mark.slow  # three runs, 18 steps, every tensor read traced
 def test_training_steps_make_no_host_synchronisation_beyond_the_configured_checks(tmp_path, monkeypatch):
-    few = _count_host_syncs(monkeypatch, tmp_path, "a", train_size=64, log_every=1000)    # 4 steps, no check
-    many = _count_host_syncs(monkeypatch, tmp_path, "b", train_size=256, log_every=1000)  # 16 steps, no check
+    few = _count_host_syncs(monkeypatch, tmp_path, "a", train_size=32, log_every=1000)  # 2 steps, no check
+    many = _count_host_syncs(monkeypatch, tmp_path, "b", train_size=128, log_every=1000)  # 8 steps, no check
     assert few["check"] == many["check"] == 0
     assert few["sync"] == many["sync"]  # the epoch-end check only: independent of the number of steps
-    checked = _count_host_syncs(monkeypatch, tmp_path, "c", train_size=256, log_every=4)  # 16 steps, 4 checks
+    checked = _count_host_syncs(monkeypatch, tmp_path, "c", train_size=128, log_every=2)  # 8 steps, 4 checks
     assert checked["check"] == 4 and checked["sync"] > many["sync"]
 
 
@@ -146,8 +194,10 @@ def test_nan_is_still_caught_between_checks_and_nothing_is_saved(tmp_path):
     train(compose(base + ["trainer.epochs=1"]), str(tmp_path / "run"))
     before = (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes()
     with pytest.raises(errors.NonFiniteLoss, match=r"epoch 2 step 1;.*last good state \(epoch 1\)"):
-        train(compose(base + ["trainer.epochs=2", "data.std=[1e-45]", "trainer.resume_override=true"]),
-              str(tmp_path / "run"))
+        train(
+            compose(base + ["trainer.epochs=2", "data.std=[1e-45]", "trainer.resume_override=true"]),
+            str(tmp_path / "run"),
+        )
     assert (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes() == before
 
 
@@ -170,9 +220,11 @@ def test_schedules_follow_their_closed_forms():
     warm = [0.1 * (0.1 + 0.9 * e / 3) for e in range(3)] + [0.05 * (1 + math.cos(math.pi * e / 7)) for e in range(7)]
     assert _lrs(["cosine_warmup", "sched.warmup_epochs=3", "sched.warmup_start=0.1"], 10) == pytest.approx(warm)
     assert _lrs(["step", "sched.step_size=3", "sched.gamma=0.5"], 7) == pytest.approx(
-        [0.1 * 0.5 ** (e // 3) for e in range(7)])
+        [0.1 * 0.5 ** (e // 3) for e in range(7)]
+    )
     assert _lrs(["multistep", "sched.milestones=[2,5]", "sched.gamma=0.1"], 6) == pytest.approx(
-        [0.1, 0.1, 0.01, 0.01, 0.01, 0.001])
+        [0.1, 0.1, 0.01, 0.01, 0.01, 0.001]
+    )
 
 
 def test_adamw_trains_through_the_factory(tmp_path):
@@ -181,14 +233,20 @@ def test_adamw_trains_through_the_factory(tmp_path):
     assert "exp_avg_sq" in ckpt["optimizer"]["state"][0] and ckpt["config"]["optim"]["name"] == "adamw"
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["optim.name=lamb"], "optim.name='lamb' is not known; choose one of: sgd, adamw"),
-    (["sched.name=poly"], "sched.name='poly' is not known; choose one of: cosine, cosine_warmup, step, multistep"),
-    (["sched=cosine_warmup", "sched.warmup_epochs=400"], "sched.warmup_epochs=400 must be below trainer.epochs=400"),
-    (["sched=multistep", "sched.milestones=[300,200]"], "sched.milestones must be increasing"),
-    (["optim=adamw", "optim.betas=[0.9]"], "optim.betas must be two numbers"),
-    (["task.name=nope"], "task.name='nope' is not a training task; choose task=<one of classification"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["optim.name=lamb"], "optim.name='lamb' is not known; choose one of: sgd, adamw"),
+        (["sched.name=poly"], "sched.name='poly' is not known; choose one of: cosine, cosine_warmup, step, multistep"),
+        (
+            ["sched=cosine_warmup", "sched.warmup_epochs=400"],
+            "sched.warmup_epochs=400 must be below trainer.epochs=400",
+        ),
+        (["sched=multistep", "sched.milestones=[300,200]"], "sched.milestones must be increasing"),
+        (["optim=adamw", "optim.betas=[0.9]"], "optim.betas must be two numbers"),
+        (["task.name=nope"], "task.name='nope' is not a training task; choose task=<one of classification"),
+    ],
+)
 def test_unknown_or_bad_factory_settings_name_the_choices(overrides, message, tmp_path):
     with pytest.raises(errors.ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         train(compose([*LENET_FAKE, *overrides]), str(tmp_path / "run"))

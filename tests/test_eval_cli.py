@@ -1,4 +1,5 @@
 """test.py end to end on our own checkpoints (no shared data needed): stored config, overrides, clear errors."""
+
 import json
 
 import pytest
@@ -10,7 +11,8 @@ from addernet.checkpoint import read_checkpoint, save_checkpoint
 from addernet.data import build_dataset
 from addernet.engine.eval_run import effective_config, evaluate_checkpoint
 from addernet.models import build_model
-from helpers import REPO, compose, run_train
+
+from helpers import compose, run_train
 
 # data.download=false everywhere: if the stored config were ignored, the default data=cifar10 must not
 # reach for the network.
@@ -61,11 +63,15 @@ def _expected(model, data_cfg):
     with torch.no_grad():
         logits = model(x)
     top5 = logits.topk(5, 1).indices
-    return {"top1": 100.0 * (logits.argmax(1) == y).sum().item() / len(ds),
-            "top5": 100.0 * (top5 == y[:, None]).any(1).sum().item() / len(ds),
-            "loss": F.cross_entropy(logits, y).item(), "n": len(ds)}
+    return {
+        "top1": 100.0 * (logits.argmax(1) == y).sum().item() / len(ds),
+        "top5": 100.0 * (top5 == y[:, None]).any(1).sum().item() / len(ds),
+        "loss": F.cross_entropy(logits, y).item(),
+        "n": len(ds),
+    }
 
 
+@pytest.mark.slow
 def test_rebuilds_model_and_data_from_the_stored_config(our_checkpoint, tmp_path):
     path, model, cfg = our_checkpoint
     results = tmp_path / "out" / "results.json"
@@ -80,6 +86,7 @@ def test_rebuilds_model_and_data_from_the_stored_config(our_checkpoint, tmp_path
     assert "model resnet20 (conv) | data fake" in r.stdout
 
 
+@pytest.mark.slow
 def test_command_line_overrides_win_over_the_stored_config(our_checkpoint):
     path, model, cfg = our_checkpoint
     out = last_json(run_test_py([f"checkpoint={path}", "data.val_size=7", "data.batch_size=3", *NO_DOWNLOAD]))
@@ -91,9 +98,17 @@ def test_command_line_overrides_win_over_the_stored_config(our_checkpoint):
 
 
 def test_effective_config_merges_only_what_the_user_gave():
-    stored = {"model": {"name": "resnet32", "layer": "adder"},
-              "data": {"name": "cifar10_folder", "root": "/old", "train_dir": "/old/train", "val_dir": "/old/test",
-                       "batch_size": 256, "num_classes": 10}}
+    stored = {
+        "model": {"name": "resnet32", "layer": "adder"},
+        "data": {
+            "name": "cifar10_folder",
+            "root": "/old",
+            "train_dir": "/old/train",
+            "val_dir": "/old/test",
+            "batch_size": 256,
+            "num_classes": 10,
+        },
+    }
     # a data.root override moves the stored (already resolved) folders with it; one key changes in model
     ov = ["checkpoint=x.pt", "data.root=/new", "data.batch_size=50", "model.layer=conv"]
     cfg = compose(["data=cifar10_folder", "data.root=/new", "data.batch_size=50", "model.layer=conv"])
@@ -118,13 +133,20 @@ def test_effective_config_merges_only_what_the_user_gave():
     assert {k: eff.data[k] for k in stored["data"]} == stored["data"]
 
 
+@pytest.mark.slow
 def test_wrong_architecture_lists_the_keys(our_checkpoint):
     path, _, _ = our_checkpoint
     r = run_test_py([f"checkpoint={path}", "model=resnet32", *NO_DOWNLOAD])
-    assert_clean_error(r, "does not fit the model", "missing in the checkpoint (72)", "layer1.3.conv1.weight",
-                       "trained as model=resnet20 model.layer=conv")
+    assert_clean_error(
+        r,
+        "does not fit the model",
+        "missing in the checkpoint (72)",
+        "layer1.3.conv1.weight",
+        "trained as model=resnet20 model.layer=conv",
+    )
 
 
+@pytest.mark.slow
 def test_unsafe_pickle_is_refused_without_running_it(tmp_path):
     marker = tmp_path / "ran"
 
@@ -139,6 +161,7 @@ def test_unsafe_pickle_is_refused_without_running_it(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_truncated_file_gets_a_clear_message(our_checkpoint, tmp_path):
     path, _, _ = our_checkpoint
     cut = tmp_path / "cut.pt"
@@ -148,9 +171,6 @@ def test_truncated_file_gets_a_clear_message(our_checkpoint, tmp_path):
 
 def test_missing_foreign_and_absent_checkpoints_raise_clear_errors(tmp_path):
     """Same code path as the CLI (main() prints these CheckpointError/ConfigError messages and exits 2)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
     from addernet.checkpoint import CheckpointError
     from addernet.engine import ConfigError
 
@@ -160,7 +180,6 @@ def test_missing_foreign_and_absent_checkpoints_raise_clear_errors(tmp_path):
     torch.save({"weights": [1, 2], "step": 3}, other)
     with pytest.raises(CheckpointError, match="neither a checkpoint of this repo.*found: weights, step"):
         read_checkpoint(other)
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = hydra_compose("test")
+    cfg = compose([], config_name="test")
     with pytest.raises(ConfigError, match=r"no checkpoint given: python test.py checkpoint=PATH"):
         evaluate_checkpoint(cfg, [])

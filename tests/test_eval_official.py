@@ -2,30 +2,43 @@
 
 ../shared/official/ResNet20-AdderNet.cifar10-test-sample.jsonl holds the official code's logits for each
 of the 1,000 JPEGs in ../shared/cifar10-test-sample and its summary (pinned top-1, pycls/detectron2 style).
-The full-sample test.py run happens once per session (module fixture) and is shared by the tests.
+The full-sample test.py run happens once (module fixture); a 31-image folder serves the converted checkpoint
+and torchrun.
 """
+
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import CIFAR_SAMPLE, REPO, SHARED, run_train
+from addernet.checkpoint import load_checkpoint
+from addernet.checkpoint.official import load_official
+from addernet.data import build_dataset
+from addernet.models import build_model
 
-OFFICIAL = SHARED / "official" / "ResNet20-AdderNet.pth"
-REFERENCE = SHARED / "official" / "ResNet20-AdderNet.cifar10-test-sample.jsonl"
-pytestmark = pytest.mark.skipif(
-    not (OFFICIAL.is_file() and REFERENCE.is_file() and CIFAR_SAMPLE.is_dir()),
-    reason=f"{SHARED} (official checkpoint, CIFAR-10 sample, official logits) absent: not part of a user's clone")
-SAMPLE_ARGS = ["data=cifar10_folder", f"data.val_dir={CIFAR_SAMPLE}", "data.num_workers=0", "data.pin_memory=false",
-               "trainer.progress=false"]
+from helpers import CIFAR_SAMPLE, OFFICIAL_LOGITS, OFFICIAL_R20, compose, needs_shared, run_train, torchrun
+
+# every test evaluates the whole 1,000-image sample or starts test.py / torchrun
+pytestmark = [
+    needs_shared(
+        "official/ResNet20-AdderNet.pth", "official/ResNet20-AdderNet.cifar10-test-sample.jsonl", "cifar10-test-sample"
+    ),
+    pytest.mark.slow,
+]
+SAMPLE_ARGS = [
+    "data=cifar10_folder",
+    f"data.val_dir={CIFAR_SAMPLE}",
+    "data.num_workers=0",
+    "data.pin_memory=false",
+    "trainer.progress=false",
+]
 
 
 def _reference():
-    lines = REFERENCE.read_text().splitlines()
+    lines = OFFICIAL_LOGITS.read_text().splitlines()
     return json.loads(lines[0])["summary"], [json.loads(line) for line in lines[1:]]
 
 
@@ -40,7 +53,7 @@ def run_test_py(args):
 def official_run(tmp_path_factory):
     """test.py on the official checkpoint over the whole sample, once: (stdout JSON, results_file JSON)."""
     results = tmp_path_factory.mktemp("official") / "results.json"
-    _, out = run_test_py([f"checkpoint={OFFICIAL}", "model=resnet20", *SAMPLE_ARGS, f"results_file={results}"])
+    _, out = run_test_py([f"checkpoint={OFFICIAL_R20}", "model=resnet20", *SAMPLE_ARGS, f"results_file={results}"])
     return out, json.loads(results.read_text())
 
 
@@ -58,22 +71,14 @@ def test_pinned_top1_on_the_shared_sample(official_run):
 
 def test_every_prediction_and_logit_matches_the_official_code():
     """Same model/data code as test.py, per image: same top-1 class, logits within 1e-3 of their scale."""
-    from hydra import compose, initialize_config_dir
-
-    from addernet.checkpoint import load_checkpoint
-    from addernet.checkpoint.official import load_official
-    from addernet.data import build_dataset
-    from addernet.models import build_model
-
     _, ref = _reference()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("test", overrides=["model=resnet20", *SAMPLE_ARGS])
+    cfg = compose(["model=resnet20", *SAMPLE_ARGS], config_name="test")
     dataset = build_dataset(cfg.data, "val")
     files = [Path(path).relative_to(CIFAR_SAMPLE).as_posix() for path, _ in dataset.samples]
     by_file = {r["file"]: r for r in ref}
     assert sorted(files) == sorted(by_file)
     model = build_model("resnet20")
-    load_official(model, load_checkpoint(OFFICIAL), source=str(OFFICIAL))
+    load_official(model, load_checkpoint(OFFICIAL_R20), source=str(OFFICIAL_R20))
     model.eval()
     loader = torch.utils.data.DataLoader(dataset, batch_size=250, shuffle=False)
     with torch.no_grad():
@@ -83,40 +88,58 @@ def test_every_prediction_and_logit_matches_the_official_code():
     assert labels.tolist() == [by_file[f]["label"] for f in files]  # ImageFolder order = CIFAR-10 label order
     assert logits.argmax(1).tolist() == [by_file[f]["pred"] for f in files]
     scale = want.abs().amax(1)
-    rel = ((logits - want).abs().amax(1) / scale)
+    rel = (logits - want).abs().amax(1) / scale
     backend = os.environ.get("ADDERNET_BACKEND", "fast")
     assert rel.max().item() <= 1e-3, (
         f"ADDERNET_BACKEND={backend}: {(rel > 1e-3).sum().item()} image(s) beyond 1e-3, worst "
-        f"{files[rel.argmax()]} at {rel.max().item():.2e} of its largest logit (median {rel.median().item():.1e})")
+        f"{files[rel.argmax()]} at {rel.max().item():.2e} of its largest logit (median {rel.median().item():.1e})"
+    )
 
 
-def test_converted_checkpoint_gives_identical_results(official_run, tmp_path):
-    """convert_official.py writes our format with a config: test.py needs no model= and gets the same numbers."""
-    conv = tmp_path / "resnet20_official.pt"
-    r = run_train([str(OFFICIAL), str(conv)], script=("scripts/convert_official.py",))
-    assert r.returncode == 0, r.stderr
-    ckpt = torch.load(conv, map_location="cpu", weights_only=True)
+@pytest.fixture(scope="module")
+def small_sample(tmp_path_factory):
+    """31 images of the sample (3 per class + 1: an odd count) in their own folder, and the official code's top-1."""
+    _, ref = _reference()
+    root = tmp_path_factory.mktemp("small_sample")
+    picked = [r for r in ref if int(r["file"].split("/")[1][:4]) < 3] + [ref[-1]]
+    for r in picked:
+        (root / r["file"]).parent.mkdir(exist_ok=True)
+        shutil.copy(CIFAR_SAMPLE / r["file"], root / r["file"])
+    return root, 100.0 * sum(r["pred"] == r["label"] for r in picked) / len(picked)
+
+
+def test_converted_checkpoint_gives_identical_results(converted_r20, small_sample):
+    """convert_official.py writes our format with a config and the official file's very weights: test.py needs
+    no model= and reproduces the official code's predictions."""
+    ckpt = torch.load(converted_r20, map_location="cpu", weights_only=True)
     assert ckpt["config"]["model"] == {"name": "resnet20", "layer": "adder"}
     assert ckpt["config"]["data"]["name"] == "cifar10"
-    _, out = run_test_py([f"checkpoint={conv}", *SAMPLE_ARGS])
-    ref = official_run[0]
-    assert {k: out[k] for k in ("top1", "top5", "n")} == {k: ref[k] for k in ("top1", "top5", "n")}
-    assert out["loss"] == pytest.approx(ref["loss"], rel=1e-6)
+    official = build_model("resnet20")
+    load_official(official, load_checkpoint(OFFICIAL_R20), source=str(OFFICIAL_R20))
+    assert list(ckpt["model"]) == list(official.state_dict())
+    assert all(torch.equal(ckpt["model"][k], v) for k, v in official.state_dict().items())
+    folder, want_top1 = small_sample
+    _, out = run_test_py(
+        [f"checkpoint={converted_r20}", "data=cifar10_folder", f"data.val_dir={folder}", *SAMPLE_ARGS[2:]]
+    )
+    assert out["n"] == 31 and out["top1"] == pytest.approx(want_top1, abs=1e-9)
 
 
 @pytest.mark.distributed
-def test_torchrun_two_processes_counts_every_image_once(tmp_path):
+def test_torchrun_two_processes_counts_every_image_once(small_sample):
     """Under torchrun (2 CPU processes, gloo) an odd-sized folder is split without padding or loss."""
-    _, ref = _reference()
-    picked = [r for r in ref if int(r["file"].split("/")[1][:4]) < 3] + [ref[-1]]  # 3 per class + 1: 31 images
-    for r in picked:
-        (tmp_path / r["file"]).parent.mkdir(exist_ok=True)
-        shutil.copy(CIFAR_SAMPLE / r["file"], tmp_path / r["file"])
-    want_top1 = 100.0 * sum(r["pred"] == r["label"] for r in picked) / len(picked)
-    args = [f"checkpoint={OFFICIAL}", "model=resnet20", "data=cifar10_folder", f"data.val_dir={tmp_path}",
-            "data.num_workers=0", "data.pin_memory=false", "data.batch_size=8", "trainer.progress=false"]
-    r = run_train(["--standalone", "--nproc_per_node=2", "test.py", *args],
-                  script=(sys.executable, "-m", "torch.distributed.run"), timeout=600, env={"OMP_NUM_THREADS": "1"})
+    folder, want_top1 = small_sample
+    args = [
+        f"checkpoint={OFFICIAL_R20}",
+        "model=resnet20",
+        "data=cifar10_folder",
+        f"data.val_dir={folder}",
+        "data.num_workers=0",
+        "data.pin_memory=false",
+        "data.batch_size=8",
+        "trainer.progress=false",
+    ]
+    r = torchrun(["test.py", *args], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["n"] == 31

@@ -1,20 +1,31 @@
 """task=kd: the loss is Hinton et al.'s formula, the teacher is frozen (no grad, eval, unchanged, same AMP dtype,
 not in the optimizer), its validation metrics are reported, and bad teachers stop before any training step."""
+
 import json
 
 import pytest
 import torch
 
 from addernet.checkpoint import load_checkpoint, save_checkpoint, training_checkpoint
-from addernet.engine import evaluate, model_from_config, train
 from addernet.data import build_loader
+from addernet.engine import evaluate, model_from_config, train
 from addernet.errors import CheckpointError, ConfigError
 from addernet.tasks import build_task
+
 from helpers import compose, run_train
 
-TINY = ["model=lenet5_bn", "data=fake", "data.image_size=28", "data.train_size=24", "data.val_size=10",
-        "data.batch_size=8", "trainer.epochs=2", "trainer.progress=false", "trainer.log_every=1",
-        "trainer.device=cpu"]
+TINY = [
+    "model=lenet5_bn",
+    "data=fake",
+    "data.image_size=28",
+    "data.train_size=24",
+    "data.val_size=10",
+    "data.batch_size=8",
+    "trainer.epochs=2",
+    "trainer.progress=false",
+    "trainer.log_every=1",
+    "trainer.device=cpu",
+]
 
 
 def conv_teacher_file(tmp_path, num_classes=10, seed=5):
@@ -113,24 +124,40 @@ def _our_checkpoint(tmp_path, **data):
     overrides = [f"data.{k}={v}" for k, v in data.items()]
     cfg = compose(TINY + ["model.layer=conv", *overrides])
     from omegaconf import OmegaConf
+
     model = model_from_config(cfg)
-    ckpt = training_checkpoint(model=model.state_dict(), optimizer={}, scheduler={}, scaler={}, epoch=1, step=0,
-                               best_top1=0.0, best_epoch=1, history=[], train_sums={}, rng=None,
-                               config=OmegaConf.to_container(cfg, resolve=True), world_size=1)
+    ckpt = training_checkpoint(
+        model=model.state_dict(),
+        optimizer={},
+        scheduler={},
+        scaler={},
+        epoch=1,
+        step=0,
+        best_top1=0.0,
+        best_epoch=1,
+        history=[],
+        train_sums={},
+        rng=None,
+        config=OmegaConf.to_container(cfg, resolve=True),
+        world_size=1,
+    )
     return save_checkpoint(ckpt, tmp_path / "other.pt")
 
 
-@pytest.mark.parametrize("case, error, message", [
-    ("missing", CheckpointError, "checkpoint not found"),
-    ("truncated", CheckpointError, "truncated or corrupt"),
-    ("classes", ConfigError, "data.num_classes=4 .* but the student uses data.num_classes=10"),
-    ("size", ConfigError, "data.image_size=32 .* but the student uses data.image_size=28"),
-    ("bare_classes", CheckpointError, "mis-shaped"),
-    ("bare_no_layer", ConfigError, "task.teacher_layer=conv|adder"),
-    ("temperature", ConfigError, "task.temperature must be a positive number"),
-    ("alpha", ConfigError, r"task.alpha must be in \[0, 1\]"),
-    ("unset", ConfigError, "task.teacher is not set"),
-])
+@pytest.mark.parametrize(
+    "case, error, message",
+    [
+        ("missing", CheckpointError, "checkpoint not found"),
+        ("truncated", CheckpointError, "truncated or corrupt"),
+        ("classes", ConfigError, "data.num_classes=4 .* but the student uses data.num_classes=10"),
+        ("size", ConfigError, "data.image_size=32 .* but the student uses data.image_size=28"),
+        ("bare_classes", CheckpointError, "mis-shaped"),
+        ("bare_no_layer", ConfigError, "task.teacher_layer=conv|adder"),
+        ("temperature", ConfigError, "task.temperature must be a positive number"),
+        ("alpha", ConfigError, r"task.alpha must be in \[0, 1\]"),
+        ("unset", ConfigError, "task.teacher is not set"),
+    ],
+)
 def test_bad_teachers_stop_before_any_training_step(tmp_path, case, error, message):
     teacher = tmp_path / "teacher.pt"
     extra = ["task.teacher_layer=conv"]
@@ -155,13 +182,10 @@ def test_bad_teachers_stop_before_any_training_step(tmp_path, case, error, messa
     assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints" / "last.pt").exists()
 
 
+@pytest.mark.slow
 def test_train_py_exits_non_zero_with_one_line_for_a_missing_teacher(tmp_path):
-    proc = run_train(TINY + ["task=kd", f"task.teacher={tmp_path / 'nope.pt'}", f"hydra.run.dir={tmp_path / 'r'}"],
-                     timeout=120)
+    proc = run_train(
+        TINY + ["task=kd", f"task.teacher={tmp_path / 'nope.pt'}", f"hydra.run.dir={tmp_path / 'r'}"], timeout=120
+    )
     assert proc.returncode == 2
     assert "train.py: error: checkpoint not found" in proc.stderr and "Traceback" not in proc.stderr
-
-
-def test_task_kd_composes_with_the_documented_defaults():
-    cfg = compose(["task=kd"]).task
-    assert (cfg.name, cfg.temperature, cfg.alpha, cfg.teacher) == ("kd", 4.0, 0.9, None)

@@ -3,6 +3,7 @@
 The imports are read from the source (``ast``), those inside functions included, so an import moved
 into a function to dodge a cycle is still seen.
 """
+
 import ast
 import graphlib
 from pathlib import Path
@@ -42,7 +43,7 @@ def imports(name, path, package, known):
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = name.split(".") if package else name.split(".")[:-1]
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
@@ -75,8 +76,12 @@ def test_no_import_cycle_between_modules(graph):
 
 
 def test_imports_go_to_the_same_or_a_lower_layer(graph):
-    upward = [f"{a} imports {b}" for a, targets in graph.items() for b in targets
-              if layer(a) is not None and layer(b) is not None and RANK[layer(b)] > RANK[layer(a)]]
+    upward = [
+        f"{a} imports {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if layer(a) is not None and layer(b) is not None and RANK[layer(b)] > RANK[layer(a)]
+    ]
     assert not upward, "\n".join(sorted(upward))
 
 
@@ -88,8 +93,11 @@ def test_the_checker_sees_cycles_and_upward_imports_inside_functions(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "engine" / "__init__.py").write_text("from ..tasks import run\n")
     (pkg / "tasks" / "__init__.py").write_text("def run():\n    from ..engine import fit\n")
-    known = {"addernet": (pkg / "__init__.py", True), "addernet.engine": (pkg / "engine" / "__init__.py", True),
-             "addernet.tasks": (pkg / "tasks" / "__init__.py", True)}
+    known = {
+        "addernet": (pkg / "__init__.py", True),
+        "addernet.engine": (pkg / "engine" / "__init__.py", True),
+        "addernet.tasks": (pkg / "tasks" / "__init__.py", True),
+    }
     g = {name: imports(name, path, package, known) for name, (path, package) in known.items()}
     assert g["addernet.tasks"] == {"addernet.engine"} and g["addernet.engine"] == {"addernet.tasks"}
     with pytest.raises(graphlib.CycleError):

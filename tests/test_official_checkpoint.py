@@ -1,19 +1,14 @@
 """Official AdderNet checkpoints: format recognition, key mapping onto our models, checked loading."""
+
 from collections import OrderedDict
 
 import pytest
 import torch
 
 from addernet import Adder2d
-from addernet.checkpoint import CheckpointError, load_checkpoint
-from addernet.checkpoint import load_weights
+from addernet.checkpoint import CheckpointError, load_checkpoint, load_weights
 from addernet.checkpoint.official import is_official, load_official, official_to_ours
 from addernet.models import build_model
-from helpers import SHARED
-
-OFFICIAL_R20 = SHARED / "official" / "ResNet20-AdderNet.pth"
-needs_official = pytest.mark.skipif(not OFFICIAL_R20.is_file(),
-                                    reason=f"{OFFICIAL_R20} absent (the shared data is not part of a user's clone)")
 
 
 def _as_official(model):
@@ -27,16 +22,21 @@ def _as_official(model):
 
 
 def test_renaming_strips_dataparallel_prefix_and_adder_names():
-    sd = OrderedDict([("module.conv1.weight", torch.zeros(1)), ("module.layer1.0.conv1.adder", torch.ones(2)),
-                      ("module.layer1.0.conv1.b", torch.full((2,), 3.0)),  # official adder2d bias
-                      ("module.head.b", torch.full((1,), 4.0)),  # a `b` that is not an adder's stays as it is
-                      ("bn.running_mean", torch.zeros(3))])
+    sd = OrderedDict(
+        [
+            ("module.conv1.weight", torch.zeros(1)),
+            ("module.layer1.0.conv1.adder", torch.ones(2)),
+            ("module.layer1.0.conv1.b", torch.full((2,), 3.0)),  # official adder2d bias
+            ("module.head.b", torch.full((1,), 4.0)),  # a `b` that is not an adder's stays as it is
+            ("bn.running_mean", torch.zeros(3)),
+        ]
+    )
     out = official_to_ours(sd)
     assert list(out) == ["conv1.weight", "layer1.0.conv1.weight", "layer1.0.conv1.bias", "head.b", "bn.running_mean"]
     assert torch.equal(out["layer1.0.conv1.bias"], sd["module.layer1.0.conv1.b"])
 
 
-@pytest.mark.parametrize("name", ["resnet20", "resnet50"])
+@pytest.mark.parametrize("name", ["resnet20", pytest.param("resnet50", marks=pytest.mark.slow)])
 def test_official_layout_round_trips_onto_our_models(name):
     """A state_dict in the official layout (as the official resnet20.py/resnet50.py save it) loads exactly."""
     torch.manual_seed(0)
@@ -80,17 +80,16 @@ def test_adder_weights_refuse_to_load_into_the_cnn_twin():
     assert "layer2.0.downsample.0" in str(e.value)
 
 
-@needs_official
-def test_real_official_resnet20_maps_key_for_key():
+def test_real_official_resnet20_maps_key_for_key(official_r20):
     """The shared file (legacy format, CUDA storages, `module.`, `adder`) loads with weights_only and fits resnet20."""
-    raw = load_checkpoint(OFFICIAL_R20, map_location="cpu")
+    raw = load_checkpoint(official_r20, map_location="cpu")
     assert is_official(raw) and len(raw) == 132 and all(k.startswith("module.") for k in raw)
     ours = official_to_ours(raw)
     model = build_model("resnet20")
     expected = model.state_dict()
     assert list(ours) == list(expected)  # same names, same order
     assert all(ours[k].shape == expected[k].shape for k in ours)
-    load_official(model, raw, source=str(OFFICIAL_R20))
+    load_official(model, raw, source=str(official_r20))
     adders = [n for n, m in model.named_modules() if isinstance(m, Adder2d)]
     assert len(adders) == 20  # 18 3x3 body layers + 2 1x1 shortcut projections
     for n in adders:

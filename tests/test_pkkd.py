@@ -1,14 +1,10 @@
 """task=pkkd: kernels equal their closed forms by unfolding, the feature loss is the independent formula, no
 gradient leaks between the networks, the adaptive LR touches only the student's adder weights, rho stays out
 of the student, layer selection, bad input, and DDP (2 gloo ranks) equals one process on the whole batch."""
+
 import copy
-import importlib.util
-import os
 import signal
-import socket
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,11 +18,32 @@ from addernet.errors import CheckpointError, ConfigError
 from addernet.optim import build_optimizer
 from addernet.tasks import build_task
 from addernet.tasks.kernels import conv_sq_distance, gaussian_kernel, laplacian_kernel
-from helpers import REPO, SHARED, compose, metrics_without_timing, signal_at, start_train
 
-WORKER = Path(__file__).resolve().parent / "ddp_pkkd_worker.py"
-LENET = ["model=lenet5_bn", "data=fake", "data.image_size=28", "data.train_size=16", "data.val_size=8",
-         "data.batch_size=8", "trainer.epochs=1", "trainer.progress=false", "trainer.device=cpu", "task=pkkd"]
+from helpers import (
+    TESTS,
+    child_env,
+    compose,
+    load_script,
+    metrics_without_timing,
+    run_train,
+    signal_at,
+    start_train,
+    torchrun,
+)
+
+WORKER = TESTS / "ddp_pkkd_worker.py"
+LENET = [
+    "model=lenet5_bn",
+    "data=fake",
+    "data.image_size=28",
+    "data.train_size=16",
+    "data.val_size=8",
+    "data.batch_size=8",
+    "trainer.epochs=1",
+    "trainer.progress=false",
+    "trainer.device=cpu",
+    "task=pkkd",
+]
 
 
 def unfolded(x, kernel_size, stride, padding, dilation):
@@ -47,8 +64,9 @@ def test_laplacian_kernel_of_an_adder_layer_equals_its_closed_form(stride, paddi
     torch.testing.assert_close(laplacian_kernel(layer(x), sigma), torch.exp(-l1 / sigma), rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("stride, padding, dilation, groups, bias", [(1, 0, 1, 1, False), (2, 1, 1, 1, True),
-                                                                     (1, 2, 2, 2, False)])
+@pytest.mark.parametrize(
+    "stride, padding, dilation, groups, bias", [(1, 0, 1, 1, False), (2, 1, 1, 1, True), (1, 2, 2, 2, False)]
+)
 def test_gaussian_kernel_of_a_conv_layer_equals_its_closed_form(stride, padding, dilation, groups, bias):
     torch.manual_seed(0)
     conv = nn.Conv2d(4, 6, 3, stride=stride, padding=padding, dilation=dilation, groups=groups, bias=bias).double()
@@ -56,14 +74,18 @@ def test_gaussian_kernel_of_a_conv_layer_equals_its_closed_form(stride, padding,
     cin, cout = 4 // groups, 6 // groups
     sq = []
     for g in range(groups):
-        cols, h, w = unfolded(x[:, g * cin:(g + 1) * cin], 3, stride, padding, dilation)
-        wg = conv.weight[g * cout:(g + 1) * cout].flatten(1)
+        cols, h, w = unfolded(x[:, g * cin : (g + 1) * cin], 3, stride, padding, dilation)
+        wg = conv.weight[g * cout : (g + 1) * cout].flatten(1)
         sq.append((cols[:, None] - wg[None, :, :, None]).pow(2).sum(2).view(2, cout, h, w))
     sq = torch.cat(sq, 1)
     torch.testing.assert_close(conv_sq_distance(x, conv(x), conv), sq, rtol=1e-9, atol=1e-9)
     two_sigma_sq = 20.0
-    torch.testing.assert_close(gaussian_kernel(conv_sq_distance(x, conv(x), conv), two_sigma_sq),
-                               torch.exp(-sq / two_sigma_sq), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(
+        gaussian_kernel(conv_sq_distance(x, conv(x), conv), two_sigma_sq),
+        torch.exp(-sq / two_sigma_sq),
+        rtol=1e-9,
+        atol=1e-12,
+    )
 
 
 def _task(*extra):
@@ -93,7 +115,8 @@ def test_feature_loss_is_the_kernel_formula_by_unfolding_and_rho_starts_as_ident
     assert out["feature"].item() == pytest.approx(expected.item(), rel=1e-4)
     assert task.rho.student_scale.item() == pytest.approx(l1.mean().item(), rel=1e-5)
     assert out["loss"].item() == pytest.approx(
-        (out["ce"] + 0.5 * out["kd"] + 3 * out["feature"] + out["teacher_ce"]).item(), rel=1e-6)
+        (out["ce"] + 0.5 * out["kd"] + 3 * out["feature"] + out["teacher_ce"]).item(), rel=1e-6
+    )
     # rho lives in the task, not in the student (test.py evaluates the student as any AdderNet).
     assert not any("rho" in k for k in task.model.state_dict())
     assert torch.equal(task.rho.rho[0].weight.view(16, 16), torch.eye(16))
@@ -151,14 +174,17 @@ def test_a_frozen_pretrained_teacher_is_not_trained(tmp_path):
     assert "teacher_ce" not in out and all(p.grad is None for p in task.teacher.parameters())
 
 
-@pytest.mark.parametrize("overrides, error, message", [
-    (["model.layer=conv"], ConfigError, "task=pkkd distils a CNN into an AdderNet, but model.layer=conv"),
-    (["task.teacher=/nonexistent/cnn.pt"], CheckpointError, "checkpoint not found"),
-    (["task.teacher=/x.pt", "task.teacher_loss=dml"], ConfigError, "task.teacher_loss=dml trains the teacher"),
-    (["task.temperature=-1"], ConfigError, "task.temperature must be a positive number"),
-    (["task.layers=[nope]"], ConfigError, "task.layers names \\['nope'\\]"),
-    (["task.sigma_momentum=2"], ConfigError, "task.sigma_momentum must be in"),
-])
+@pytest.mark.parametrize(
+    "overrides, error, message",
+    [
+        (["model.layer=conv"], ConfigError, "task=pkkd distils a CNN into an AdderNet, but model.layer=conv"),
+        (["task.teacher=/nonexistent/cnn.pt"], CheckpointError, "checkpoint not found"),
+        (["task.teacher=/x.pt", "task.teacher_loss=dml"], ConfigError, "task.teacher_loss=dml trains the teacher"),
+        (["task.temperature=-1"], ConfigError, "task.temperature must be a positive number"),
+        (["task.layers=[nope]"], ConfigError, "task.layers names \\['nope'\\]"),
+        (["task.sigma_momentum=2"], ConfigError, "task.sigma_momentum must be in"),
+    ],
+)
 def test_bad_input_stops_before_any_training_step(tmp_path, overrides, error, message):
     run = tmp_path / "run"
     with pytest.raises(error, match=message):
@@ -166,29 +192,19 @@ def test_bad_input_stops_before_any_training_step(tmp_path, overrides, error, me
     assert not (run / "metrics.jsonl").exists()
 
 
-@pytest.mark.skipif(not (SHARED / "official" / "ResNet20-AdderNet.pth").is_file(), reason="official checkpoint absent")
-def test_an_adder_checkpoint_is_refused_as_the_pkkd_teacher(tmp_path):
+def test_an_adder_checkpoint_is_refused_as_the_pkkd_teacher(tmp_path, official_r20):
     with pytest.raises(CheckpointError, match="holds adder weights"):
-        train(compose(["task=pkkd", f"task.teacher={SHARED / 'official' / 'ResNet20-AdderNet.pth'}",
-                       "data=fake", "trainer.device=cpu"]), str(tmp_path / "run"))
+        train(
+            compose(["task=pkkd", f"task.teacher={official_r20}", "data=fake", "trainer.device=cpu"]),
+            str(tmp_path / "run"),
+        )
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
-    spec = importlib.util.spec_from_file_location("ddp_pkkd_worker", WORKER)
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", "--master_addr",
-           "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+    worker = load_script(WORKER)
+    proc = torchrun([WORKER, tmp_path], timeout=240)
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
     task = worker.build_task()
@@ -206,10 +222,22 @@ def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
 
 
 def _resume_args(root, run=None):
-    args = ["data=cifar10_folder", f"data.root={root}", "data.num_classes=4", "data.batch_size=8",
-            "data.image_size=28", "model=lenet5_bn", "task=pkkd", "data.num_workers=0", "data.pin_memory=false",
-            "trainer.epochs=3", "trainer.deterministic=true", "trainer.progress=false", "trainer.log_every=1",
-            "trainer.seed=3"]
+    args = [
+        "data=cifar10_folder",
+        f"data.root={root}",
+        "data.num_classes=4",
+        "data.batch_size=8",
+        "data.image_size=28",
+        "model=lenet5_bn",
+        "task=pkkd",
+        "data.num_workers=0",
+        "data.pin_memory=false",
+        "trainer.epochs=3",
+        "trainer.deterministic=true",
+        "trainer.progress=false",
+        "trainer.log_every=1",
+        "trainer.seed=3",
+    ]
     return args + ([f"hydra.run.dir={run}"] if run else [])
 
 
@@ -239,15 +267,29 @@ def test_kill_and_resume_equals_uninterrupted_for_student_teacher_and_rho(tmp_pa
     assert not torch.equal(init.teacher.conv2.weight, ref["task"]["teacher"]["conv2.weight"])  # the teacher trained
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_torchrun_pkkd_run_checkpoints_bare_student_teacher_and_rho(tmp_path):
     """The engine path: scripts/dist_train.sh 2 task=pkkd; rank 0's checkpoint holds bare (unwrapped) modules."""
     run = tmp_path / "run"
-    args = ["data=fake", "data.train_size=32", "data.val_size=13", "data.batch_size=8", "model=lenet5_bn",
-            "data.image_size=28", "trainer.epochs=1", "trainer.progress=false", "trainer.log_every=1", "task=pkkd"]
-    proc = subprocess.run(["bash", "scripts/dist_train.sh", "2", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHON": sys.executable, "RUN_DIR": str(run),
-                                            "OMP_NUM_THREADS": "1"})
+    args = [
+        "data=fake",
+        "data.train_size=32",
+        "data.val_size=13",
+        "data.batch_size=8",
+        "model=lenet5_bn",
+        "data.image_size=28",
+        "trainer.epochs=1",
+        "trainer.progress=false",
+        "trainer.log_every=1",
+        "task=pkkd",
+    ]
+    proc = run_train(
+        args,
+        script=("bash", "scripts/dist_train.sh", "2"),
+        timeout=300,
+        env=child_env(PYTHON=sys.executable, RUN_DIR=str(run)),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     ckpt = load_checkpoint(run / "checkpoints" / "last.pt")
     assert ckpt["world_size"] == 2 and set(ckpt["task"]) == {"teacher", "rho"}

@@ -1,21 +1,18 @@
 """scripts/plot_curves.py: reads metrics.jsonl run directories and draws train/val curves."""
-import importlib.util
+
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "plot_curves.py"
+from helpers import REPO, load_script
+
+SCRIPT = REPO / "scripts" / "plot_curves.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("plot_curves", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def _run_dir(tmp_path, name, records):
@@ -26,9 +23,18 @@ def _run_dir(tmp_path, name, records):
 
 
 def _records(offset):
-    return [{"epoch": e, "lr": 0.1, "train_loss": 2.0 - e / 10 + offset, "train_top1": 10.0 * e + offset,
-             "val_loss": 2.1 - e / 10 + offset, "val_top1": 9.0 * e + offset, "val_top5": 50.0 + e}
-            for e in (1, 2, 3)]
+    return [
+        {
+            "epoch": e,
+            "lr": 0.1,
+            "train_loss": 2.0 - e / 10 + offset,
+            "train_top1": 10.0 * e + offset,
+            "val_loss": 2.1 - e / 10 + offset,
+            "val_top1": 9.0 * e + offset,
+            "val_top5": 50.0 + e,
+        }
+        for e in (1, 2, 3)
+    ]
 
 
 def test_load_metrics_keeps_last_record_per_epoch_and_skips_non_epoch_lines(tmp_path):
@@ -63,26 +69,30 @@ def test_plot_overlays_runs_with_their_values(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_cli_writes_png(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
     a, b = _run_dir(tmp_path, "adder", _records(0)), _run_dir(tmp_path, "cnn", _records(1))
     out = tmp_path / "curves.png"
-    r = subprocess.run([sys.executable, str(SCRIPT), str(a), str(b), "--out", str(out)],
-                       capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(SCRIPT), str(a), str(b), "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_cli_without_matplotlib_says_how_to_install(tmp_path):
     a = _run_dir(tmp_path, "adder", _records(0))
-    code = ("import sys, runpy; sys.modules['matplotlib'] = None; "
-            f"sys.argv = ['plot_curves.py', {str(a)!r}]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
+    code = (
+        "import sys, runpy; sys.modules['matplotlib'] = None; "
+        f"sys.argv = ['plot_curves.py', {str(a)!r}]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 2  # a user error: one line, exit 2, as train.py
     assert "pip install matplotlib" in r.stderr
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_missing_run_dir_is_a_clear_error(tmp_path):
     r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nope")], capture_output=True, text=True)
     assert r.returncode == 2
@@ -99,5 +109,7 @@ def test_one_epoch_run_shows_a_point_on_integer_epoch_ticks(tmp_path):
         assert ticks and all(float(t).is_integer() for t in ticks), ticks
     single = _module().plot([("one", _records(0)[:1])], tmp_path / "d.png")
     single.canvas.draw()
-    ticks = [t for t in single.axes[0].get_xticks() if single.axes[0].get_xlim()[0] <= t <= single.axes[0].get_xlim()[1]]
+    ticks = [
+        t for t in single.axes[0].get_xticks() if single.axes[0].get_xlim()[0] <= t <= single.axes[0].get_xlim()[1]
+    ]
     assert ticks and all(float(t).is_integer() for t in ticks), ticks

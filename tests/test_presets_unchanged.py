@@ -2,23 +2,23 @@
 
 tests/data/preset_configs.json holds the resolved config of train.yaml and of every configs/experiment preset,
 composed from the configs without those features (the keys in NEW_KEYS); the MNIST presets hold their data
-as one tensor (data.on_device=true), which gives the same batches as the per-image path. Composing them and removing those
-keys must give exactly those values; those keys must be at their off value in every preset.
+as one tensor (data.on_device=true), which gives the same batches as the per-image path. Composing them and
+removing those keys must give exactly those values; those keys must be at their off value in every preset.
 
 tests/data/composed_configs.json holds the whole resolved config of every configs/experiment preset, every
 configs/data option (composed into train.yaml), train.yaml and test.yaml: the shared blocks the presets and data
 options include through their defaults lists (configs/experiment/_blocks/, configs/data/_loader.yaml) must
 compose to exactly those values.
 """
+
 import json
-from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import REPO, compose
+from helpers import REPO, TESTS, compose
 
-REFERENCE = json.loads((Path(__file__).parent / "data" / "preset_configs.json").read_text())
+REFERENCE = json.loads((TESTS / "data" / "preset_configs.json").read_text())
 # key -> its off value (the option is disabled)
 NEW_KEYS = {
     "task.label_smoothing": 0.0,

@@ -1,5 +1,6 @@
 """Post-training quantisation (addernet/quant): the quantiser's identities, the integer kernel against an
 integer reference, grouping against brute force, the quantised layer's two paths, checkpoints, errors."""
+
 import itertools
 
 import numpy as np
@@ -17,6 +18,7 @@ from addernet.quant import QAdder2d, load_quantized_into, quantize_model, save_q
 from addernet.quant.convert import quantize_layer
 from addernet.quant.grouping import group_filters, kmeans_1d
 from addernet.quant.quantizer import clamp_weight, group_scales, levels, quantize_activation, quantize_weight
+
 from helpers import REPO
 
 QUANT_DEFAULTS = OmegaConf.load(REPO / "configs" / "quant" / "default.yaml")
@@ -40,6 +42,7 @@ def int_reference(x, w, stride, padding, dilation, groups):
 
 # ---- quantiser identities ----------------------------------------------------------------------------------
 
+
 def test_weight_clamp_with_bias_is_exact_within_the_range_and_not_beyond():
     g = torch.Generator().manual_seed(0)
     a = 1.5
@@ -52,8 +55,9 @@ def test_weight_clamp_with_bias_is_exact_within_the_range_and_not_beyond():
         got = adder2d_reference(x, clamped, (1, 1), (0, 0)) + beta.view(1, -1, 1, 1)
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     x = torch.full((1, 4, 3, 3), 3 * a, dtype=torch.float64)  # beyond A the identity must fail
-    assert (adder2d_reference(x, clamped, (1, 1), (0, 0)) + beta.view(1, -1, 1, 1)
-            - adder2d_reference(x, w, (1, 1), (0, 0))).abs().max() > 1
+    assert (
+        adder2d_reference(x, clamped, (1, 1), (0, 0)) + beta.view(1, -1, 1, 1) - adder2d_reference(x, w, (1, 1), (0, 0))
+    ).abs().max() > 1
 
 
 @pytest.mark.parametrize("bits", [8, 6, 5, 4])
@@ -65,7 +69,7 @@ def test_integer_form_equals_the_dequantised_float_form(bits):
     w = (torch.rand(4, 5, 3, 3, generator=g, dtype=torch.float64) * 2 - 1) * s
     qa = quantize_activation(x, s, bits)
     qw = quantize_weight(w, torch.full((4,), s, dtype=torch.float64), bits)
-    assert qa.min() >= 0 and qa.max() <= lv and qw.min() >= -2 ** (bits - 1) and qw.max() <= 2 ** (bits - 1) - 1
+    assert qa.min() >= 0 and qa.max() <= lv and qw.min() >= -(2 ** (bits - 1)) and qw.max() <= 2 ** (bits - 1) - 1
     dequant = adder2d_reference(qa * s / lv, qw * 2 * s / lv, (1, 1), (1, 1))
     integer = -(s / lv) * int_reference(qa.long(), (2 * qw).long(), (1, 1), (1, 1), (1, 1), 1).double()
     torch.testing.assert_close(dequant, integer, rtol=0, atol=1e-10)
@@ -86,6 +90,7 @@ def test_group_scales_are_the_activation_range_or_the_group_max():
 
 # ---- grouping ----------------------------------------------------------------------------------------------
 
+
 def _sse(values, labels):
     return sum(((values[labels == c] - values[labels == c].mean()) ** 2).sum() for c in set(labels.tolist()))
 
@@ -105,7 +110,9 @@ def test_kmeans_1d_is_the_optimum_of_every_assignment():
 def test_grouping_deterministic_sorted_and_not_worse_than_sklearn():
     sklearn = pytest.importorskip("sklearn")
     assert sklearn
-    w = torch.randn(64, 16, 3, 3, generator=torch.Generator().manual_seed(3)) * torch.linspace(0.2, 3, 64).view(-1, 1, 1, 1)
+    w = torch.randn(64, 16, 3, 3, generator=torch.Generator().manual_seed(3)) * torch.linspace(0.2, 3, 64).view(
+        -1, 1, 1, 1
+    )
     feature = w.abs().flatten(1).amax(1).double().numpy()
     ours = group_filters(w, 4)
     assert torch.equal(ours, group_filters(w.clone(), 4))
@@ -154,6 +161,7 @@ def test_integer_kernel_rejects_signed_or_mixed_dtypes():
 
 # ---- the quantised layer -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("bits", [8, 6, 5, 4, 12])
 @pytest.mark.parametrize("conf", [dict(stride=1, padding=1, groups=1), dict(stride=2, padding=0, groups=2)])
 def test_qadder_integer_path_matches_float_path_and_an_independent_reference(bits, conf):
@@ -175,8 +183,9 @@ def test_qadder_integer_path_matches_float_path_and_an_independent_reference(bit
         s = q.scale[q.group[o]].double()
         qa = (x.double() * (lv / s)).round().clamp(0, lv).long()
         h = o // og
-        total = int_reference(qa[:, h * cg:(h + 1) * cg], 2 * q.qweight[o:o + 1].long(), adder.stride,
-                              adder.padding, (1, 1), 1)
+        total = int_reference(
+            qa[:, h * cg : (h + 1) * cg], 2 * q.qweight[o : o + 1].long(), adder.stride, adder.padding, (1, 1), 1
+        )
         want[:, o] = (-(s / lv) * total.double() + q.bias_term[o].double())[:, 0]
     torch.testing.assert_close(y_int.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
@@ -193,6 +202,7 @@ def test_qadder_is_close_to_the_float_layer_at_8_bits_for_inputs_within_range():
 
 
 # ---- model, checkpoint, errors -----------------------------------------------------------------------------
+
 
 def _tiny_loader(n=16, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -222,8 +232,15 @@ def test_quantize_model_swaps_every_adder_layer_and_keeps_stem_and_classifier(tm
         load_quantized_into(build_model("resnet32"), path)
 
 
-@pytest.mark.parametrize("bad, match", [(dict(bits=1), "quant.bits=1"), (dict(bits=17), "quant.bits=17"),
-                                        (dict(bits="8"), "quant.bits='8'"), (dict(bits=8, groups=17), "quant.groups=17")])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(bits=1), "quant.bits=1"),
+        (dict(bits=17), "quant.bits=17"),
+        (dict(bits="8"), "quant.bits='8'"),
+        (dict(bits=8, groups=17), "quant.groups=17"),
+    ],
+)
 def test_bad_settings_are_config_errors(bad, match):
     with pytest.raises(ConfigError, match=match) as e:
         quantize_model(build_model("resnet20"), _tiny_loader(), quant_cfg(**bad))

@@ -2,6 +2,9 @@
 entry): against a float64 reference of the quantised model written from the formulas, against the
 layer-by-layer QAdder2d model, over batch and thread splits, 8/4/12 bits (uint8 and uint16 lanes), groups
 with different scales; load_quantized(path); the official checkpoint on sample images."""
+
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +15,8 @@ from addernet.models import build_model
 from addernet.ops import Adder2d
 from addernet.quant import IntegerResNet, QAdder2d, inference_model, load_quantized, quantize_model, save_quantized
 from addernet.quant.quantizer import levels
-from helpers import CIFAR_SAMPLE, REPO, SHARED
+
+from helpers import CIFAR_SAMPLE, OFFICIAL_R20, REPO, SHARED, needs_shared
 
 QUANT_DEFAULTS = OmegaConf.load(REPO / "configs" / "quant" / "default.yaml")
 
@@ -21,6 +25,7 @@ def _images(n, seed):
     return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
 
 
+@functools.cache  # built once per bit width for this module's tests, which only read it
 @torch.no_grad()
 def _quantised_resnet20(bits, groups=4):
     """A ResNet-20 with BatchNorm statistics from its own activations, filters spread over a wide range of
@@ -35,8 +40,7 @@ def _quantised_resnet20(bits, groups=4):
     model.train()
     model(_images(32, 0))
     model.eval()
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(_images(32, 1), torch.zeros(32)),
-                                         batch_size=16)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(_images(32, 1), torch.zeros(32)), batch_size=16)
     return quantize_model(model, loader, OmegaConf.merge(QUANT_DEFAULTS, {"bits": bits, "groups": groups}))
 
 
@@ -111,7 +115,7 @@ def test_batch_and_thread_splits_give_identical_outputs(quantised):
     try:
         torch.set_num_threads(2)
         whole = net.features(x)  # images split across threads
-        single = torch.cat([net.features(x[i:i + 1]) for i in range(5)])  # pixels of one image split
+        single = torch.cat([net.features(x[i : i + 1]) for i in range(5)])  # pixels of one image split
         torch.set_num_threads(1)
         serial = net.features(x)
     finally:
@@ -125,8 +129,10 @@ def test_inference_model_and_runtime_choices(quantised):
     assert inference_model(quantised, "layers") == (quantised, "layers")
     float_model = build_model("resnet20").eval()
     assert inference_model(float_model, "auto") == (float_model, "layers")
-    for runtime, match in (("integer", "quant.runtime=integer: no integer network here"),
-                           ("fast", "quant.runtime='fast'")):
+    for runtime, match in (
+        ("integer", "quant.runtime=integer: no integer network here"),
+        ("fast", "quant.runtime='fast'"),
+    ):
         with pytest.raises(ConfigError, match=match) as e:
             inference_model(float_model, runtime)
         assert "\n" not in str(e.value)
@@ -138,8 +144,12 @@ def test_inference_model_and_runtime_choices(quantised):
 
 def test_load_quantized_returns_the_integer_network(tmp_path):
     model = _quantised_resnet20(8)
-    path = save_quantized(tmp_path / "q8.pt", model, {"model": {"name": "resnet20", "layer": "adder"},
-                                                       "data": {"num_classes": 10, "in_channels": 3}}, {"bits": 8})
+    path = save_quantized(
+        tmp_path / "q8.pt",
+        model,
+        {"model": {"name": "resnet20", "layer": "adder"}, "data": {"num_classes": 10, "in_channels": 3}},
+        {"bits": 8},
+    )
     x = _images(4, 4)
     net = load_quantized(path)
     assert isinstance(net, IntegerResNet) and not net.training
@@ -150,12 +160,8 @@ def test_load_quantized_returns_the_integer_network(tmp_path):
         assert torch.equal(layers(x), model(x))
 
 
-OFFICIAL = SHARED / "official" / "ResNet20-AdderNet.pth"
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not (OFFICIAL.is_file() and CIFAR_SAMPLE.is_dir() and (SHARED / "cifar10-jpeg" / "train").is_dir()),
-                    reason=f"{SHARED} (official checkpoint, sample, cifar10-jpeg/train) absent: not in a user's clone")
+@needs_shared("official/ResNet20-AdderNet.pth", "cifar10-test-sample", "cifar10-jpeg/train")
 def test_official_resnet20_same_top1_as_the_layer_model_on_sample_images():
     """8 bits, calibrated on 256 training images; 300 sample images (30 per class): at most 1% of the images
     apart in the number correct from the QAdder2d model, the same prediction on at least 98% of them."""
@@ -164,6 +170,7 @@ def test_official_resnet20_same_top1_as_the_layer_model_on_sample_images():
     from addernet.checkpoint import load_checkpoint
     from addernet.checkpoint.official import load_official
     from addernet.data.transforms import build_transform
+
     from helpers import compose
 
     cfg = compose(["model=resnet20", "data=cifar10_folder", f"data.root={SHARED / 'cifar10-jpeg'}"], "test")
@@ -176,14 +183,16 @@ def test_official_resnet20_same_top1_as_the_layer_model_on_sample_images():
     x = torch.stack([sample[i][0] for i in pick])
     y = torch.tensor([sample.samples[i][1] for i in pick])
     model = build_model("resnet20")
-    load_official(model, load_checkpoint(OFFICIAL))
+    load_official(model, load_checkpoint(OFFICIAL_R20))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(calib, torch.zeros(256)), batch_size=128)
     quantize_model(model.eval(), loader, OmegaConf.merge(QUANT_DEFAULTS, {"bits": 8}))
     with torch.no_grad():
         layers = model(x).argmax(1)
     net = IntegerResNet(model)(x).argmax(1)
-    print(f"correct: integer network {int((net == y).sum())}, layers {int((layers == y).sum())}; "
-          f"same prediction {int((net == layers).sum())} of {len(y)}")
+    print(
+        f"correct: integer network {int((net == y).sum())}, layers {int((layers == y).sum())}; "
+        f"same prediction {int((net == layers).sum())} of {len(y)}"
+    )
     # the two differ only where the layers' float32 rounding moves a level (see the float64 test above)
     assert abs(int((net == y).sum()) - int((layers == y).sum())) <= 3
     assert (net == layers).float().mean() >= 0.98

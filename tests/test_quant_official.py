@@ -1,26 +1,38 @@
 """Quantisation end to end on the official ResNet-20 and the shared sample: test.py quant.bits=8, a
 quantised checkpoint from scripts/quantize.py evaluated without calibration, the ONNX export, errors."""
+
 import json
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import CIFAR_SAMPLE, SHARED, run_train
+from helpers import CIFAR_SAMPLE, OFFICIAL_LOGITS, OFFICIAL_R20, SHARED, compose, needs_shared, run_train
 
-OFFICIAL = SHARED / "official" / "ResNet20-AdderNet.pth"
-REFERENCE = SHARED / "official" / "ResNet20-AdderNet.cifar10-test-sample.jsonl"
 JPEG = SHARED / "cifar10-jpeg"
-pytestmark = pytest.mark.skipif(
-    not (OFFICIAL.is_file() and REFERENCE.is_file() and CIFAR_SAMPLE.is_dir() and (JPEG / "train").is_dir()),
-    reason=f"{SHARED} (official checkpoint, CIFAR-10 sample, cifar10-jpeg/train) absent: not part of a user's clone")
-DATA = ["data=cifar10_folder", f"data.root={JPEG}", f"data.val_dir={CIFAR_SAMPLE}", "data.num_workers=0",
-        "data.pin_memory=false", "trainer.progress=false"]
+# every test evaluates up to the whole 1,000-image sample in a subprocess or calibrates on 2,048 images
+pytestmark = [
+    needs_shared(
+        "official/ResNet20-AdderNet.pth",
+        "official/ResNet20-AdderNet.cifar10-test-sample.jsonl",
+        "cifar10-test-sample",
+        "cifar10-jpeg/train",
+    ),
+    pytest.mark.slow,
+]
+DATA = [
+    "data=cifar10_folder",
+    f"data.root={JPEG}",
+    f"data.val_dir={CIFAR_SAMPLE}",
+    "data.num_workers=0",
+    "data.pin_memory=false",
+    "trainer.progress=false",
+]
 CALIB = ["quant.calib_images=2048"]  # fewer than the default 25,600 to keep CI short
 
 
 def _official_top1():
-    return json.loads(REFERENCE.read_text().splitlines()[0])["summary"]["top1"]
+    return json.loads(OFFICIAL_LOGITS.read_text().splitlines()[0])["summary"]["top1"]
 
 
 def _run(script, args, timeout=600):
@@ -35,14 +47,16 @@ def _json(r):
 @pytest.fixture(scope="module")
 def quantized_checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("quant") / "resnet20_q8.pt"
-    r = _run("scripts/quantize.py", [f"checkpoint={OFFICIAL}", "model=resnet20", f"out={out}", "quant.bits=8",
-                                     *CALIB, *DATA])
+    r = _run(
+        "scripts/quantize.py",
+        [f"checkpoint={OFFICIAL_R20}", "model=resnet20", f"out={out}", "quant.bits=8", *CALIB, *DATA],
+    )
     info = _json(r)
     return out, info
 
 
 def test_test_py_at_8_bits_is_within_one_point_of_the_float_top1():
-    out = _json(_run("test.py", [f"checkpoint={OFFICIAL}", "model=resnet20", "quant.bits=8", *CALIB, *DATA]))
+    out = _json(_run("test.py", [f"checkpoint={OFFICIAL_R20}", "model=resnet20", "quant.bits=8", *CALIB, *DATA]))
     assert out["n"] == 1000
     assert out["quant"]["bits"] == 8 and out["quant"]["groups"] == 4 and out["quant"]["calib_images"] == 2048
     assert out["top1"] >= _official_top1() - 1.0, out  # at most 1 point lost (BN re-estimation may gain)
@@ -51,12 +65,17 @@ def test_test_py_at_8_bits_is_within_one_point_of_the_float_top1():
 def test_quantised_checkpoint_evaluates_without_calibration(quantized_checkpoint):
     path, info = quantized_checkpoint
     raw = torch.load(path, map_location="cpu", weights_only=True)
-    assert raw["quant"]["bits"] == 8 and raw["quant"]["source"] == str(OFFICIAL)
+    assert raw["quant"]["bits"] == 8 and raw["quant"]["source"] == str(OFFICIAL_R20)
     assert raw["model"]["layer1.0.conv1.qweight"].dtype == torch.int8
     assert raw["config"]["model"]["name"] == "resnet20"
     # no data.root: the training split is not even reachable, so calibrating again would fail
-    args = [f"checkpoint={path}", f"data.val_dir={CIFAR_SAMPLE}", "data.root=/nonexistent", "data.num_workers=0",
-            "trainer.progress=false"]
+    args = [
+        f"checkpoint={path}",
+        f"data.val_dir={CIFAR_SAMPLE}",
+        "data.root=/nonexistent",
+        "data.num_workers=0",
+        "trainer.progress=false",
+    ]
     out = _json(_run("test.py", args))
     assert out["quant"]["calibrated"] == "stored in the checkpoint" and out["quant"]["bits"] == 8
     assert out["quant"]["runtime"] == "integer network"  # test.py runs quantised ResNets as the integer network
@@ -68,8 +87,16 @@ def test_quantised_checkpoint_evaluates_without_calibration(quantized_checkpoint
 
 
 def test_no_training_split_is_a_clear_error():
-    args = [f"checkpoint={OFFICIAL}", "model=resnet20", "data=cifar10_folder", f"data.val_dir={CIFAR_SAMPLE}",
-            "data.root=/nonexistent", "data.num_workers=0", "trainer.progress=false", "quant.bits=8"]
+    args = [
+        f"checkpoint={OFFICIAL_R20}",
+        "model=resnet20",
+        "data=cifar10_folder",
+        f"data.val_dir={CIFAR_SAMPLE}",
+        "data.root=/nonexistent",
+        "data.num_workers=0",
+        "trainer.progress=false",
+        "quant.bits=8",
+    ]
     r = _run("test.py", args)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "calibrates on the training split" in r.stderr and "/nonexistent/train" in r.stderr
@@ -77,12 +104,8 @@ def test_no_training_split_is_a_clear_error():
 
 def _sample(n_per_class):
     from addernet.data import build_dataset
-    from hydra import compose, initialize_config_dir
 
-    from helpers import REPO
-
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("test", overrides=["model=resnet20", *DATA])
+    cfg = compose(["model=resnet20", *DATA], config_name="test")
     ds = build_dataset(cfg.data, "val")
     pick = [i for i, (_, y) in enumerate(ds.samples) if sum(1 for _, z in ds.samples[:i] if z == y) < n_per_class]
     return torch.stack([ds[i][0] for i in pick])
@@ -92,7 +115,7 @@ def _ort_logits(path, x, batch=25):
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return np.concatenate([session.run(None, {"images": x[i:i + batch].numpy()})[0] for i in range(0, len(x), batch)])
+    return np.concatenate([session.run(None, {"images": x[i : i + batch].numpy()})[0] for i in range(0, len(x), batch)])
 
 
 def test_onnx_export_of_the_float_model_matches_pytorch(tmp_path):
@@ -105,7 +128,7 @@ def test_onnx_export_of_the_float_model_matches_pytorch(tmp_path):
     from addernet.models import build_model
 
     out = tmp_path / "resnet20.onnx"
-    info = _json(_run("scripts/export_onnx.py", [f"checkpoint={OFFICIAL}", "model=resnet20", f"out={out}", *DATA]))
+    info = _json(_run("scripts/export_onnx.py", [f"checkpoint={OFFICIAL_R20}", "model=resnet20", f"out={out}", *DATA]))
     assert info["opset"] >= 17 and info["quant"] is None
     graph = onnx.load(str(out))
     assert {op.domain for op in graph.opset_import} <= {"", "ai.onnx"}
@@ -115,12 +138,13 @@ def test_onnx_export_of_the_float_model_matches_pytorch(tmp_path):
     assert graph.graph.input[0].type.tensor_type.shape.dim[0].dim_param  # symbolic batch
     x = _sample(10)
     model = build_model("resnet20")
-    load_official(model, load_checkpoint(OFFICIAL))
+    load_official(model, load_checkpoint(OFFICIAL_R20))
     with torch.no_grad():
         want = model.eval()(x).numpy()
         exact = model.double()(x.double()).numpy()  # float64 PyTorch: the float32 model's own error is ~2e-4
     got = _ort_logits(out, x)
     assert (got.argmax(1) == want.argmax(1)).all()
+
     def rel(a, b):
         return (np.abs(a - b).max(1) / np.abs(b).max(1)).max()
 

@@ -1,4 +1,5 @@
 """The README's quick start, run exactly as written, from a fresh working directory (no data, no network)."""
+
 import json
 import re
 import subprocess
@@ -24,16 +25,21 @@ def test_quickstart_trains_then_test_py_evaluates_its_checkpoint(tmp_path):
     def run(command):
         args = command.split()[1:]
         args[0] = str(REPO / args[0])  # the repo's train.py / test.py, launched from a fresh directory
-        return subprocess.run([sys.executable, *args, "trainer.progress=false"], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=600)
+        return subprocess.run(
+            [sys.executable, *args, "trainer.progress=false"], cwd=tmp_path, capture_output=True, text=True, timeout=600
+        )
 
     r = run(TRAIN)
     assert r.returncode == 0, r.stderr[-3000:]
     run_dir = tmp_path / "outputs" / "quickstart"
-    assert {"checkpoints", "metrics.jsonl", "tensorboard", "train.log", "config.yaml"} <= {p.name for p in run_dir.iterdir()}
+    assert {"checkpoints", "metrics.jsonl", "tensorboard", "train.log", "config.yaml"} <= {
+        p.name for p in run_dir.iterdir()
+    }
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
-    best = max((json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()),
-               key=lambda rec: rec["val_top1"])
+    best = max(
+        (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()),
+        key=lambda rec: rec["val_top1"],
+    )
     r = run(TEST)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])

@@ -1,46 +1,71 @@
 """scripts/summarize_runs.py: the results table (with mean ± std over seeds) and the throughput table
 (gpu_check.sh stage 4) with the projected recipe time, from the files the runs recorded."""
-import importlib.util
+
 import json
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import REPO
+from helpers import REPO, load_script
 
 SCRIPT = REPO / "scripts" / "summarize_runs.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("summarize_runs", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def _run(tmp_path, name, records, *, on_device=False, compile=False, layer="adder", **facts):
     d = Path(tmp_path) / name
     d.mkdir()
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    OmegaConf.save(OmegaConf.create({"model": {"name": "resnet20", "layer": layer},
-                                     "data": {"on_device": on_device}, "trainer": {"compile": compile, "seed": 0}}),
-                   d / "config.yaml")
-    (d / "run.json").write_text(json.dumps({"device": "cuda:0", "world_size": 1, "train_images": 50000,
-                                            "val_images": 10000, "compiled": False, **facts}))
+    OmegaConf.save(
+        OmegaConf.create(
+            {
+                "model": {"name": "resnet20", "layer": layer},
+                "data": {"on_device": on_device},
+                "trainer": {"compile": compile, "seed": 0},
+            }
+        ),
+        d / "config.yaml",
+    )
+    (d / "run.json").write_text(
+        json.dumps(
+            {
+                "device": "cuda:0",
+                "world_size": 1,
+                "train_images": 50000,
+                "val_images": 10000,
+                "compiled": False,
+                **facts,
+            }
+        )
+    )
     return d
 
 
 def _epoch(seconds, ips, vips, epoch=1, top1=50.0):
-    return {"epoch": epoch, "epoch_seconds": seconds, "images_per_s": ips, "val_images_per_s": vips,
-            "val_top1": top1, "val_top5": 90.0}
+    return {
+        "epoch": epoch,
+        "epoch_seconds": seconds,
+        "images_per_s": ips,
+        "val_images_per_s": vips,
+        "val_top1": top1,
+        "val_top5": 90.0,
+    }
 
 
 def test_projection_is_the_last_epoch_at_cifar_sizes(tmp_path):
     mod = _module()
     # last epoch: 50,000 / 10,000 img/s = 5 s train, 10,000 / 20,000 = 0.5 s val, 0.5 s overhead -> 6 s
-    run = _run(tmp_path, "a", [_epoch(60.0, 1_000, 1_000), _epoch(6.0, 10_000, 20_000, epoch=2)], on_device=True,
-               data_held_on="cuda:0")
+    run = _run(
+        tmp_path,
+        "a",
+        [_epoch(60.0, 1_000, 1_000), _epoch(6.0, 10_000, 20_000, epoch=2)],
+        on_device=True,
+        data_held_on="cuda:0",
+    )
     row = mod.summarize(run, epochs=400)
     assert row["overhead_s"] == pytest.approx(0.5)
     assert row["projected_h"] == pytest.approx(400 * 6.0 / 3600)
@@ -51,9 +76,11 @@ def test_projection_is_the_last_epoch_at_cifar_sizes(tmp_path):
 def test_notes_say_what_did_not_take_effect(tmp_path):
     mod = _module()
     run = _run(tmp_path, "b", [_epoch(6.0, 10_000, 20_000)], on_device=True, compile=True, data_held_on="cpu")
-    assert mod.summarize(run)["notes"] == ["one epoch only: includes warm-up",
-                                           "data held on cpu, not cuda:0 (build_loader got no device)",
-                                           "not compiled (the model was not compiled)"]
+    assert mod.summarize(run)["notes"] == [
+        "one epoch only: includes warm-up",
+        "data held on cpu, not cuda:0 (build_loader got no device)",
+        "not compiled (the model was not compiled)",
+    ]
 
 
 def test_a_run_without_metrics_is_reported_not_measured(tmp_path, capsys):
@@ -71,19 +98,28 @@ def test_results_table_of_a_sweep_dir_with_a_seed_only_group(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     sweep.mkdir()
     for i, (seed, finals) in enumerate([(0, (40.0, 60.0)), (1, (50.0, 70.0)), (2, (45.0, 80.0))]):
-        run = _run(sweep, f"{i}_trainer.seed={seed}", [_epoch(10.0, 100, 200, 1, finals[0]),
-                                                       _epoch(8.0, 300, 200, 2, finals[1])])
+        run = _run(
+            sweep,
+            f"{i}_trainer.seed={seed}",
+            [_epoch(10.0, 100, 200, 1, finals[0]), _epoch(8.0, 300, 200, 2, finals[1])],
+        )
         (run / ".hydra").mkdir()
-        (run / ".hydra" / "overrides.yaml").write_text(f"- model.layer=adder\n- trainer.seed={seed}\n- hydra.job.num={i}\n")
-        OmegaConf.save(OmegaConf.merge(OmegaConf.load(run / "config.yaml"), {"trainer": {"seed": seed}}),
-                       run / "config.yaml")
+        (run / ".hydra" / "overrides.yaml").write_text(
+            f"- model.layer=adder\n- trainer.seed={seed}\n- hydra.job.num={i}\n"
+        )
+        OmegaConf.save(
+            OmegaConf.merge(OmegaConf.load(run / "config.yaml"), {"trainer": {"seed": seed}}), run / "config.yaml"
+        )
     assert mod.main([str(sweep), "--csv", str(tmp_path / "r.csv")]) == 0
     out = capsys.readouterr().out
-    assert "| 1_trainer.seed=1 | model.layer=adder trainer.seed=1 | 1 | 2 | 70.00 | 90.00 | 70.00 (2) | 90.00 | 300 | 18.0 |" \
-        in out
+    row = "| 1_trainer.seed=1 | model.layer=adder trainer.seed=1 | 1 | 2 | 70.00 | 90.00 | 70.00 (2) | 90.00 | 300 |"
+    assert row + " 18.0 |" in out
     # final top-1 60, 70, 80: mean 70, sample std 10; best = final here
-    assert "| mean ± std (3 seeds) | model.layer=adder | 0,1,2 | 2 | 70.00 ± 10.00 | 90.00 ± 0.00 | 70.00 ± 10.00 |" in out
+    assert (
+        "| mean ± std (3 seeds) | model.layer=adder | 0,1,2 | 2 | 70.00 ± 10.00 | 90.00 ± 0.00 | 70.00 ± 10.00 |" in out
+    )
     import csv
+
     rows = list(csv.DictReader((tmp_path / "r.csv").read_text().splitlines()))
     assert len(rows) == 4 and rows[0]["final_top1"] == "60.0" and rows[0]["final_top1_std"] == ""
     assert (rows[-1]["seed"], rows[-1]["final_top1"], rows[-1]["final_top1_std"]) == ("0,1,2", "70.0", "10.0")

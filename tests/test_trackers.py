@@ -1,25 +1,38 @@
 """The logger group: MLflow (local file store) and W&B (offline) runs hold the same scalars as metrics.jsonl,
 the hparams and the resolved config; TensorBoard stays the default. Skipped when the extra is not installed."""
+
 import json
 
 import pytest
 
 from addernet.engine import train
-from addernet.errors import ConfigError
 from addernet.engine.config import check_config
+from addernet.errors import ConfigError
+
 from helpers import compose
 
-TINY = ["model=lenet5_bn", "data=fake", "data.image_size=28", "data.train_size=16", "data.val_size=8",
-        "data.batch_size=8", "trainer.epochs=2", "trainer.progress=false", "trainer.device=cpu"]
+TINY = [
+    "model=lenet5_bn",
+    "data=fake",
+    "data.image_size=28",
+    "data.train_size=16",
+    "data.val_size=8",
+    "data.batch_size=8",
+    "trainer.epochs=2",
+    "trainer.progress=false",
+    "trainer.device=cpu",
+]
 
 
 def _records(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # a whole run logged to MLflow's file store
 def test_mlflow_file_store_run_has_the_scalars_params_and_config(tmp_path):
     pytest.importorskip("mlflow", reason="pip install mlflow-skinny")
     from mlflow.tracking import MlflowClient
+
     run = tmp_path / "run"
     train(compose(TINY + ["logger=[tensorboard,mlflow]"]), str(run))
     assert (run / "tensorboard").is_dir()
@@ -39,14 +52,16 @@ def wandb_records(path):
     """The protobuf records of an offline W&B run file (run-*.wandb): a LevelDB log (32 KiB blocks of records
     with a 7-byte header: crc32c, length, type 1 full / 2 first / 3 middle / 4 last) after a 7-byte file header."""
     import struct
+
     from wandb.proto import wandb_internal_pb2 as pb
+
     raw, pos, parts, records = path.read_bytes(), 7, b"", []
     while pos + 7 <= len(raw):
         if 32768 - pos % 32768 < 7:  # block trailer
             pos += 32768 - pos % 32768
             continue
-        _, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
-        data, pos = raw[pos + 7:pos + 7 + length], pos + 7 + length
+        _, length, kind = struct.unpack("<IHB", raw[pos : pos + 7])
+        data, pos = raw[pos + 7 : pos + 7 + length], pos + 7 + length
         parts = data if kind in (1, 2) else parts + data
         if kind in (1, 4):
             record = pb.Record()
@@ -64,15 +79,22 @@ def test_wandb_offline_run_has_the_scalars_and_config(tmp_path):  # starts W&B's
     assert not (run / "tensorboard").exists()  # logger=wandb alone: no TensorBoard files
     [path] = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     records = wandb_records(path)
-    history = [{(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
-               for r in records if r.WhichOneof("record_type") == "history"]
+    history = [
+        {(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
     assert len(history) == len(_records(run)), [r.WhichOneof("record_type") for r in records]
     for got, expected in zip(history, _records(run)):
         assert got["_step"] == expected["epoch"]
         for tag, key in (("val/top1", "val_top1"), ("train/loss", "train_loss"), ("lr", "lr")):
             assert got[tag] == pytest.approx(expected[key])
-    summary = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
-               for r in records if r.WhichOneof("record_type") == "summary" for i in r.summary.update}
+    summary = {
+        (i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+        for r in records
+        if r.WhichOneof("record_type") == "summary"
+        for i in r.summary.update
+    }
     assert summary["hparam/final_top1"] == pytest.approx(_records(run)[-1]["val_top1"])
     [config] = [r.run.config for r in records if r.WhichOneof("record_type") == "run"]
     config = {i.key: json.loads(i.value_json) for i in config.update}

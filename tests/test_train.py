@@ -1,6 +1,6 @@
 """End-to-end training runs: run-dir contents, metrics, TensorBoard events, checkpoints, errors."""
+
 import json
-import logging
 import math
 import os
 
@@ -11,29 +11,62 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from addernet import AdaptiveLR, Adder2d
 from addernet.checkpoint import load_checkpoint
 from addernet.data import build_loader
+from addernet.engine import NonFiniteLoss, evaluate, model_from_config, train
 from addernet.ops.kernels import cpu, eager
-from addernet.engine import NonFiniteLoss, Preempted, evaluate, model_from_config, train
-from helpers import SigtermOn as _SigtermOn
-from helpers import CIFAR10_CLASSES, compose, metrics_without_timing, run_train, trust_cifar10_md5, write_cifar10
 
-METRIC_KEYS = {"epoch", "lr", "train_loss", "train_top1", "val_loss", "val_top1", "val_top5", "val_n",
-               "epoch_seconds", "images_per_s", "val_images_per_s"}
-CKPT_KEYS = {"format_version", "model", "optimizer", "scheduler", "scaler", "epoch", "step", "best_top1",
-             "best_epoch", "history", "train_sums", "rng", "config", "world_size", "classes"}  # classes: CIFAR names
+from helpers import CIFAR10_CLASSES, FAKE, FAST, compose, run_train, trust_cifar10_md5, write_cifar10
+
+METRIC_KEYS = {
+    "epoch",
+    "lr",
+    "train_loss",
+    "train_top1",
+    "val_loss",
+    "val_top1",
+    "val_top5",
+    "val_n",
+    "epoch_seconds",
+    "images_per_s",
+    "val_images_per_s",
+}
+CKPT_KEYS = {
+    "format_version",
+    "model",
+    "optimizer",
+    "scheduler",
+    "scaler",
+    "epoch",
+    "step",
+    "best_top1",
+    "best_epoch",
+    "history",
+    "train_sums",
+    "rng",
+    "config",
+    "world_size",
+    "classes",
+}  # classes: CIFAR names
 TB_SCALARS = {"train/loss", "train/top1", "val/loss", "val/top1", "val/top5", "lr", "images_per_s"}
-FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
 
 
 def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
     written = write_cifar10(tmp_path / "data", n_train=40, n_test=37)
     trust_cifar10_md5(monkeypatch, written["md5"])
-    cfg = compose([f"data.root={tmp_path / 'data'}", "data.download=false", "data.batch_size=20",
-                   "trainer.epochs=1", *FAST])
+    cfg = compose(
+        [f"data.root={tmp_path / 'data'}", "data.download=false", "data.batch_size=20", "trainer.epochs=1", *FAST]
+    )
     run = tmp_path / "run"
     summary = train(cfg, str(run))
 
-    assert {p.name for p in run.iterdir()} == {"config.yaml", "train.log", "metrics.jsonl", "tensorboard",
-                                               "checkpoints", ".lock", "run.json"}
+    assert {p.name for p in run.iterdir()} == {
+        "config.yaml",
+        "train.log",
+        "metrics.jsonl",
+        "tensorboard",
+        "checkpoints",
+        ".lock",
+        "run.json",
+    }
     assert OmegaConf.load(run / "config.yaml") == OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert set(record) == METRIC_KEYS
@@ -74,71 +107,87 @@ def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
 
 
 def _jpeg_args(root, run, *extra):
-    return ["data=cifar10_folder", f"data.root={root}", "data.num_classes=4", "data.batch_size=16",
-            "model=lenet5_bn", "data.image_size=28", "trainer.epochs=1", f"hydra.run.dir={run}", *FAST, *extra]
+    return [
+        "data=cifar10_folder",
+        f"data.root={root}",
+        "data.num_classes=4",
+        "data.batch_size=16",
+        "model=lenet5_bn",
+        "data.image_size=28",
+        "trainer.epochs=1",
+        f"hydra.run.dir={run}",
+        *FAST,
+        *extra,
+    ]
 
 
+@pytest.mark.slow
 def test_train_py_on_a_jpeg_image_folder(tmp_path, jpeg_cifar):
     run = tmp_path / "run"
     proc = run_train(_jpeg_args(jpeg_cifar, run))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {".hydra", ".lock", "config.yaml", "train.log", "metrics.jsonl", "tensorboard", "checkpoints",
-            "run.json"} == \
-        {p.name for p in run.iterdir()}
+    assert {
+        ".hydra",
+        ".lock",
+        "config.yaml",
+        "train.log",
+        "metrics.jsonl",
+        "tensorboard",
+        "checkpoints",
+        "run.json",
+    } == {p.name for p in run.iterdir()}
     assert OmegaConf.load(run / ".hydra" / "config.yaml").data.root == str(jpeg_cifar)
     [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert record["val_n"] == 37 and set(record) == METRIC_KEYS
     assert {p.name for p in (run / "checkpoints").iterdir()} == {"last.pt", "best.pt"}
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
-    base = ["data=fake", "data.train_size=32", "data.val_size=8", "data.batch_size=16", "model=lenet5_bn",
-            "data.image_size=28", *FAST]
-    run = tmp_path / "run"
-    train(compose(base + ["trainer.epochs=1"]), str(run))
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_run):
+    run = tiny_run("trainer.epochs=1")
     last = run / "checkpoints" / "last.pt"
     before = last.read_bytes()
-    poisoned = compose(base + ["trainer.epochs=2", "data.std=[1e-45,1e-45,1e-45]",  # inputs overflow to inf
-                              "trainer.resume_override=true"])
+    poisoned = compose(
+        FAKE
+        + [
+            "trainer.epochs=2",
+            "data.std=[1e-45,1e-45,1e-45]",  # inputs overflow to inf
+            "trainer.resume_override=true",
+        ]
+    )
     with pytest.raises(NonFiniteLoss, match="non-finite loss .* epoch 2 step 1.*last good state \\(epoch 1\\)"):
         train(poisoned, str(run))
     assert last.read_bytes() == before and load_checkpoint(last)["epoch"] == 1
 
 
-@pytest.mark.parametrize("args, message", [
-    (["data.root={tmp}", "data.download=false"], "CIFAR10 is not in {tmp}/cifar-10-batches-py"),
-    (["trainer.epoch=3"], "unknown key trainer.epoch (did you mean trainer.epochs?)"),
-])
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["data.root={tmp}", "data.download=false"], "CIFAR10 is not in {tmp}/cifar-10-batches-py"),
+    ],
+)
 def test_user_errors_exit_with_a_message_not_a_traceback(tmp_path, args, message):
-    """train.py turns user mistakes into one message and a non-zero exit (more cases in test_config.py)."""
+    """train.py turns user mistakes into one message and a non-zero exit (more cases in test_bad_input_inputs.py)."""
     args = [a.format(tmp=tmp_path) for a in args] + [f"hydra.run.dir={tmp_path / 'run'}"]
     proc = run_train(args, timeout=120)
     assert proc.returncode != 0
     assert message.format(tmp=tmp_path) in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_sigterm_mid_epoch_then_resume_from_explicit_path_in_a_new_dir(tmp_path):
-    base = ["data=fake", "data.train_size=48", "data.val_size=8", "data.batch_size=8", "model=lenet5_bn",
-            "data.image_size=28", "trainer.epochs=2", "trainer.deterministic=true", *FAST]
-    train(compose(base), str(tmp_path / "reference"))
-    trigger = _SigtermOn("epoch 2/2 step 2/6")
-    logging.getLogger("addernet.train").addHandler(trigger)
-    try:
-        with pytest.raises(Preempted, match="epoch 2 step 2; saved .*last.pt"):
-            train(compose(base), str(tmp_path / "a"))
-    finally:
-        logging.getLogger("addernet.train").removeHandler(trigger)
-    last = tmp_path / "a" / "checkpoints" / "last.pt"
-    assert (load_checkpoint(last)["epoch"], load_checkpoint(last)["step"]) == (1, 2)
-    train(compose(base + [f"trainer.resume={last}"]), str(tmp_path / "b"))
-    assert metrics_without_timing(tmp_path / "b" / "metrics.jsonl") == \
-        metrics_without_timing(tmp_path / "reference" / "metrics.jsonl")
-
-
 def test_the_callers_config_is_not_changed_by_a_run(tmp_path):
     """data.num_workers=auto: the run records the number it used; the config passed in keeps ``auto``."""
-    cfg = compose(["data=fake", "data.train_size=8", "data.val_size=4", "data.batch_size=4", "model=resnet20",
-                   "trainer.epochs=1", "trainer.progress=false", "data.num_workers=auto"])
+    cfg = compose(
+        [
+            "data=fake",
+            "data.train_size=8",
+            "data.val_size=4",
+            "data.batch_size=4",
+            "model=resnet20",
+            "trainer.epochs=1",
+            "trainer.progress=false",
+            "data.num_workers=auto",
+        ]
+    )
     before = OmegaConf.to_yaml(cfg)
     train(cfg, str(tmp_path / "run"))
     assert OmegaConf.to_yaml(cfg) == before
@@ -150,13 +199,25 @@ def test_the_adder_backend_is_applied_from_the_config_and_recorded(tmp_path, mon
     """trainer.backend=eager runs the eager kernel, and config.yaml, run.json and train.log say so."""
     calls = {"eager": 0, "cpu": 0}
     for name, module in (("eager", eager), ("cpu", cpu)):
+
         def counted(*args, _name=name, _forward=module.forward):
             calls[_name] += 1
             return _forward(*args)
+
         monkeypatch.setattr(module, "forward", counted)
     monkeypatch.delenv("ADDERNET_BACKEND", raising=False)
-    cfg = compose(["data=fake", "data.train_size=8", "data.val_size=4", "data.batch_size=4", "trainer.epochs=1",
-                   "trainer.progress=false", "trainer.backend=eager", *FAST])
+    cfg = compose(
+        [
+            "data=fake",
+            "data.train_size=8",
+            "data.val_size=4",
+            "data.batch_size=4",
+            "trainer.epochs=1",
+            "trainer.progress=false",
+            "trainer.backend=eager",
+            *FAST,
+        ]
+    )
     run = tmp_path / "run"
     train(cfg, str(run))
     assert calls["eager"] > 0 and calls["cpu"] == 0

@@ -1,11 +1,13 @@
 """Real learning: a small AdderNet (LeNet-5-BN, adder body layer, adaptive LR) trained for a few epochs on
 800 images of the shared CIFAR-10 sample scores well above chance (10%) on the other 200."""
+
 import os
 
 import pytest
 
 from addernet.engine import train
-from helpers import CIFAR_SAMPLE, compose
+
+from helpers import CIFAR_SAMPLE, compose, needs_shared
 
 # Measured (8 epochs, seeds 0-4): final val top-1 30.0 / 27.0 / 30.0 / 24.5 / 29.0 %. Chance is 10% with a
 # standard deviation of 2.1 points on 200 images, so 18% is ~3.8 sigma above chance and 6.5 points below
@@ -29,12 +31,22 @@ def sample_split(root):
 
 
 def sample_args(root, epochs, seed=0):
-    return ["data=cifar10_folder", f"data.root={root}", "data.batch_size=32", "model=lenet5_bn",
-            "data.image_size=28", "data.num_workers=0", "data.pin_memory=false", f"trainer.epochs={epochs}",
-            "trainer.progress=false", "trainer.log_every=1000", f"trainer.seed={seed}"]
+    return [
+        "data=cifar10_folder",
+        f"data.root={root}",
+        "data.batch_size=32",
+        "model=lenet5_bn",
+        "data.image_size=28",
+        "data.num_workers=0",
+        "data.pin_memory=false",
+        f"trainer.epochs={epochs}",
+        "trainer.progress=false",
+        "trainer.log_every=1000",
+        f"trainer.seed={seed}",
+    ]
 
 
-@pytest.mark.skipif(not CIFAR_SAMPLE.is_dir(), reason=f"shared CIFAR-10 sample not found at {CIFAR_SAMPLE}")
+@needs_shared("cifar10-test-sample")
 @pytest.mark.slow
 def test_small_addernet_learns_cifar10_sample(tmp_path):
     cfg = compose(sample_args(sample_split(tmp_path / "split"), 8))
@@ -44,7 +56,7 @@ def test_small_addernet_learns_cifar10_sample(tmp_path):
     assert summary["final"]["val_top1"] >= THRESHOLD, summary["final"]
 
 
-@pytest.mark.skipif(not CIFAR_SAMPLE.is_dir(), reason=f"shared CIFAR-10 sample not found at {CIFAR_SAMPLE}")
+@needs_shared("cifar10-test-sample")
 @pytest.mark.slow
 def test_pkkd_distilled_addernet_learns_cifar10_sample(tmp_path):
     """task=pkkd (co-trained CNN twin, kernels on): the distilled student, evaluated alone, beats chance clearly."""

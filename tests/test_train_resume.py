@@ -1,5 +1,6 @@
 """Pre-emption and crashes: SIGTERM saves a usable mid-epoch last.pt and exits non-zero; SIGKILL at any
 moment plus resume gives exactly the metrics and weights of an uninterrupted run (deterministic, CPU)."""
+
 import os
 import signal
 
@@ -9,16 +10,30 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from addernet.checkpoint import load_checkpoint
 from addernet.engine import train
-from helpers import compose, metrics_without_timing, signal_at as _signal_at, start_train as _start
+
+from helpers import compose, metrics_without_timing
+from helpers import signal_at as _signal_at
+from helpers import start_train as _start
 
 EPOCHS = 3
 
 
 def _args(root, run=None):
-    args = ["data=cifar10_folder", f"data.root={root}", "data.num_classes=4", "data.batch_size=4",
-            "data.image_size=28", "model=lenet5_bn", "data.num_workers=1", "data.pin_memory=false",
-            f"trainer.epochs={EPOCHS}", "trainer.deterministic=true", "trainer.progress=false",
-            "trainer.log_every=1", "trainer.seed=3"]
+    args = [
+        "data=cifar10_folder",
+        f"data.root={root}",
+        "data.num_classes=4",
+        "data.batch_size=4",
+        "data.image_size=28",
+        "model=lenet5_bn",
+        "data.num_workers=1",
+        "data.pin_memory=false",
+        f"trainer.epochs={EPOCHS}",
+        "trainer.deterministic=true",
+        "trainer.progress=false",
+        "trainer.log_every=1",
+        "trainer.seed=3",
+    ]
     return args + ([f"hydra.run.dir={run}"] if run else [])
 
 
@@ -57,5 +72,6 @@ def test_sigterm_then_sigkill_then_resume_equals_uninterrupted(tmp_path, jpeg_ci
     # TensorBoard: the replayed epoch's events were purged, so each epoch has exactly one point.
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
-    assert [(e.step, round(e.value, 4)) for e in events.Scalars("val/top1")] == \
-        [(r["epoch"], round(r["val_top1"], 4)) for r in expected]
+    assert [(e.step, round(e.value, 4)) for e in events.Scalars("val/top1")] == [
+        (r["epoch"], round(r["val_top1"], 4)) for r in expected
+    ]

@@ -3,19 +3,32 @@
 Label smoothing is checked against the closed form of the smoothed cross-entropy in float64; accumulation and
 clipping against a whole-batch step written out with torch's SGD (and under DDP, with the all-reduces counted).
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from addernet.engine import model_from_config
-from addernet.errors import ConfigError
 from addernet.engine.config import check_config
+from addernet.errors import ConfigError
 from addernet.tasks import build_task
-from helpers import compose
 
-LENET = ["model=lenet5_bn", "data=fake", "data.image_size=28", "data.train_size=16", "data.val_size=8",
-         "data.batch_size=8", "trainer.epochs=1", "trainer.progress=false", "trainer.device=cpu",
-         "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
+from helpers import TESTS, compose, torchrun
+
+LENET = [
+    "model=lenet5_bn",
+    "data=fake",
+    "data.image_size=28",
+    "data.train_size=16",
+    "data.val_size=8",
+    "data.batch_size=8",
+    "trainer.epochs=1",
+    "trainer.progress=false",
+    "trainer.device=cpu",
+    "data.num_workers=0",
+    "data.pin_memory=false",
+    "trainer.log_every=1",
+]
 
 
 def smoothed_ce(logits, target, eps):
@@ -48,6 +61,7 @@ def test_label_smoothing_is_the_smoothed_cross_entropy_of_the_student(task_args)
 
 def test_label_smoothing_in_kd_applies_to_the_ce_term_only(tmp_path):
     from test_kd import conv_teacher_file, kd_cfg
+
     path, _ = conv_teacher_file(tmp_path)
     x, y = torch.randn(8, 3, 28, 28, generator=torch.Generator().manual_seed(1)), torch.arange(8) % 10
     outs = []
@@ -63,17 +77,20 @@ def test_label_smoothing_in_kd_applies_to_the_ce_term_only(tmp_path):
     assert smooth["loss"].item() == pytest.approx(0.5 * smooth["ce"].item() + 0.5 * smooth["kd"].item(), rel=1e-6)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("task.label_smoothing=1.0", "task.label_smoothing must be in [0, 1)"),
-    ("task.label_smoothing=-0.1", "task.label_smoothing must be a non-negative number"),
-    ("trainer.clip_grad_norm=0", "trainer.clip_grad_norm (or null: off) must be a positive number"),
-    ("trainer.ema_decay=1.0", "trainer.ema_decay must be in (0, 1)"),
-    ("data.auto_augment=augmix", "data.auto_augment (or null: off)='augmix' is not valid"),
-    ("data.random_erasing=2", "data.random_erasing is a probability in [0, 1]"),
-    ("data.mixup_alpha=-1", "data.mixup_alpha (0: off) must be a non-negative number"),
-    ("trainer.accumulate=0", "trainer.accumulate must be an integer >= 1"),
-    ("trainer.accumulate=5", "use data.batch_size >= 10 or a smaller trainer.accumulate"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("task.label_smoothing=1.0", "task.label_smoothing must be in [0, 1)"),
+        ("task.label_smoothing=-0.1", "task.label_smoothing must be a non-negative number"),
+        ("trainer.clip_grad_norm=0", "trainer.clip_grad_norm (or null: off) must be a positive number"),
+        ("trainer.ema_decay=1.0", "trainer.ema_decay must be in (0, 1)"),
+        ("data.auto_augment=augmix", "data.auto_augment (or null: off)='augmix' is not valid"),
+        ("data.random_erasing=2", "data.random_erasing is a probability in [0, 1]"),
+        ("data.mixup_alpha=-1", "data.mixup_alpha (0: off) must be a non-negative number"),
+        ("trainer.accumulate=0", "trainer.accumulate must be an integer >= 1"),
+        ("trainer.accumulate=5", "use data.batch_size >= 10 or a smaller trainer.accumulate"),
+    ],
+)
 def test_bad_option_values_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         check_config(compose(LENET + [override]))
@@ -81,15 +98,19 @@ def test_bad_option_values_name_the_key(override, message):
 
 # ---- trainer.accumulate and trainer.clip_grad_norm: one optimizer step against plain references ----
 
+
 def _small_net():
     from ddp_adaptive_lr_worker import build_model
+
     return build_model()  # GroupNorm, no BatchNorm: the split of a batch cannot change the maths
 
 
 def _batches(n=7, steps=2):
     g = torch.Generator().manual_seed(3)
-    return [(torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g))
-            for _ in range(steps)]
+    return [
+        (torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g))
+        for _ in range(steps)
+    ]
 
 
 def _engine_steps(batches, accumulate=1, clip=None, scaler_enabled=False, adaptive=True):
@@ -97,6 +118,7 @@ def _engine_steps(batches, accumulate=1, clip=None, scaler_enabled=False, adapti
     from addernet.engine.loop import LossWatch
     from addernet.engine.meters import MetricSums
     from addernet.engine.step import Stepper
+
     model = _small_net()
     cfg = compose(LENET)
     task = build_task(model, cfg)
@@ -115,7 +137,9 @@ def _reference_steps(batches, clip=None):
     """Whole-batch mean CE, backward, clip the non-adder gradients by torch's formula, normalise each adder
     weight gradient to eta * sqrt(k) (Eq. 12-13), then a plain torch SGD step: all written out here."""
     import math
+
     from addernet import Adder2d
+
     model = _small_net()
     adder = {id(m.weight) for m in model.modules() if isinstance(m, Adder2d)}
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
@@ -160,20 +184,10 @@ def test_clip_grad_norm_clips_the_unscaled_non_adder_gradients(scaler_enabled):
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_ddp_accumulation_all_reduces_once_per_step_and_equals_the_whole_batch(tmp_path):
-    import os
-    import socket
-    import subprocess
-    import sys
-    from helpers import REPO
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2", "--master_addr",
-           "127.0.0.1", "--master_port", str(port), str(REPO / "tests" / "ddp_options_worker.py"), str(tmp_path), "2"]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=240)
+    proc = torchrun([TESTS / "ddp_options_worker.py", tmp_path, 2], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     from ddp_options_worker import batches
+
     reference = _reference_steps(batches())
     for rank in range(2):
         result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
@@ -185,12 +199,14 @@ def test_ddp_accumulation_all_reduces_once_per_step_and_equals_the_whole_batch(t
 
 # ---- trainer.ema_decay ----
 
+
 @pytest.mark.parametrize("layer", ["adder", "conv"])
 def test_ema_is_the_recurrence_over_the_weights_and_batchnorm_buffers_after_each_step(layer):
     from addernet.engine.ema import WeightEMA
     from addernet.engine.loop import LossWatch
     from addernet.engine.meters import MetricSums
     from addernet.engine.step import Stepper
+
     cfg = compose(LENET + [f"model.layer={layer}"])
     torch.manual_seed(0)
     model = model_from_config(cfg)
@@ -213,11 +229,28 @@ def test_ema_is_the_recurrence_over_the_weights_and_batchnorm_buffers_after_each
 
 
 def _options_args(root, run=None, *extra):
-    args = ["data=cifar10_folder", f"data.root={root}", "data.num_classes=4", "data.batch_size=16",
-            "data.image_size=28", "model=lenet5_bn", "data.num_workers=0", "data.pin_memory=false",
-            "trainer.epochs=2", "trainer.deterministic=true", "trainer.progress=false", "trainer.log_every=1",
-            "trainer.seed=3", "trainer.amp=bf16", "trainer.ema_decay=0.9", "trainer.accumulate=2",
-            "trainer.clip_grad_norm=1.0", "task.label_smoothing=0.1", "trainer.precise_bn=2", *extra]
+    args = [
+        "data=cifar10_folder",
+        f"data.root={root}",
+        "data.num_classes=4",
+        "data.batch_size=16",
+        "data.image_size=28",
+        "model=lenet5_bn",
+        "data.num_workers=0",
+        "data.pin_memory=false",
+        "trainer.epochs=2",
+        "trainer.deterministic=true",
+        "trainer.progress=false",
+        "trainer.log_every=1",
+        "trainer.seed=3",
+        "trainer.amp=bf16",
+        "trainer.ema_decay=0.9",
+        "trainer.accumulate=2",
+        "trainer.clip_grad_norm=1.0",
+        "task.label_smoothing=0.1",
+        "trainer.precise_bn=2",
+        *extra,
+    ]
     return args + ([f"hydra.run.dir={run}"] if run else [])
 
 
@@ -225,9 +258,12 @@ def _options_args(root, run=None, *extra):
 def test_options_together_resume_exactly_after_sigterm_and_test_py_evaluates_the_ema(tmp_path, jpeg_cifar):
     import json
     import signal
+
     from addernet.checkpoint import load_checkpoint
     from addernet.engine import train
+
     from helpers import metrics_without_timing, run_train, signal_at, start_train
+
     reference = tmp_path / "reference"
     train(compose(_options_args(jpeg_cifar)), str(reference))
     run = tmp_path / "interrupted"
@@ -245,22 +281,41 @@ def test_options_together_resume_exactly_after_sigterm_and_test_py_evaluates_the
     assert set(got["ema"]) == set(ref["ema"]) and all(torch.equal(ref["ema"][k], got["ema"][k]) for k in ref["ema"])
     assert got["ema"]["n_averaged"].item() == 6  # 2 epochs x 3 steps
     # test.py ema=true evaluates the stored average: the logged ema_val_* of the last epoch
-    out = run_train([f"checkpoint={run / 'checkpoints' / 'last.pt'}", "ema=true", "trainer.progress=false",
-                     "data.num_workers=0", "trainer.amp=bf16"], script=("test.py",))
+    out = run_train(
+        [
+            f"checkpoint={run / 'checkpoints' / 'last.pt'}",
+            "ema=true",
+            "trainer.progress=false",
+            "data.num_workers=0",
+            "trainer.amp=bf16",
+        ],
+        script=("test.py",),
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["top1"] == records[-1]["ema_val_top1"] and result["loss"] == pytest.approx(records[-1]["ema_val_loss"])
-    plain = run_train([f"checkpoint={run / 'checkpoints' / 'last.pt'}", "trainer.progress=false",
-                       "data.num_workers=0", "trainer.amp=bf16"], script=("test.py",))
+    assert result["top1"] == records[-1]["ema_val_top1"] and result["loss"] == pytest.approx(
+        records[-1]["ema_val_loss"]
+    )
+    plain = run_train(
+        [
+            f"checkpoint={run / 'checkpoints' / 'last.pt'}",
+            "trainer.progress=false",
+            "data.num_workers=0",
+            "trainer.amp=bf16",
+        ],
+        script=("test.py",),
+    )
     assert json.loads(plain.stdout.strip().splitlines()[-1])["loss"] == pytest.approx(records[-1]["val_loss"])
     assert result["loss"] != pytest.approx(records[-1]["val_loss"])  # the average is not the last weights
 
 
 # ---- trainer.precise_bn ----
 
+
 @pytest.mark.parametrize("layer", ["adder", "conv"])
 def test_precise_bn_sets_the_statistics_to_the_batch_average_at_the_current_weights(layer, caplog):
     from addernet.engine.precise_bn import precise_bn
+
     cfg = compose(LENET + [f"model.layer={layer}"])
     torch.manual_seed(0)
     model = model_from_config(cfg).train()
@@ -283,17 +338,22 @@ def test_precise_bn_sets_the_statistics_to_the_batch_average_at_the_current_weig
 
 # ---- data.train_size / data.val_size, experiment=debug ----
 
+
 def _pairs(ds):
     return [(bytes(x.numpy().tobytes()), int(y)) for x, y in (ds[i] for i in range(len(ds)))]
 
 
 def test_train_and_val_size_take_the_same_seeded_subset_of_any_dataset_kind(tmp_path, monkeypatch, jpeg_cifar):
     from addernet.data import build_dataset
+
     from helpers import trust_cifar10_md5, write_cifar10
+
     written = write_cifar10(tmp_path / "c", n_train=40, n_test=30)
     trust_cifar10_md5(monkeypatch, written["md5"])
-    kinds = [["data=cifar10", f"data.root={tmp_path / 'c'}", "data.download=false", "data.transform=plain"],
-             ["data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.transform=plain"]]
+    kinds = [
+        ["data=cifar10", f"data.root={tmp_path / 'c'}", "data.download=false", "data.transform=plain"],
+        ["data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.transform=plain"],
+    ]
     for args in kinds:
         full = compose(args)
         small = compose(args + ["data.train_size=10", "data.val_size=7", "trainer.seed=5"])
@@ -307,6 +367,7 @@ def test_train_and_val_size_take_the_same_seeded_subset_of_any_dataset_kind(tmp_
 def test_train_size_larger_than_the_set_is_a_data_error(jpeg_cifar):
     from addernet.data import build_dataset
     from addernet.errors import DataError
+
     cfg = compose(["data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4", "data.train_size=49"])
     with pytest.raises(DataError, match="data.train_size=49 is more than the 48 images"):
         build_dataset(cfg.data, "train")
@@ -314,10 +375,20 @@ def test_train_size_larger_than_the_set_is_a_data_error(jpeg_cifar):
 
 def test_debug_preset_is_one_deterministic_epoch_of_a_few_batches(tmp_path, jpeg_cifar):
     from addernet.engine import train
+
     from helpers import metrics_without_timing
-    args = ["experiment=debug", "data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4",
-            "model=lenet5_bn", "data.image_size=28", "trainer.device=cpu",
-            "data.train_size=32", "data.val_size=20"]  # the fixture has 48 / 37 images
+
+    args = [
+        "experiment=debug",
+        "data=cifar10_folder",
+        f"data.root={jpeg_cifar}",
+        "data.num_classes=4",
+        "model=lenet5_bn",
+        "data.image_size=28",
+        "trainer.device=cpu",
+        "data.train_size=32",
+        "data.val_size=20",
+    ]  # the fixture has 48 / 37 images
     for name in ("a", "b"):
         train(compose(args), str(tmp_path / name))
     records = metrics_without_timing(tmp_path / "a" / "metrics.jsonl")
@@ -329,14 +400,17 @@ def test_debug_preset_is_one_deterministic_epoch_of_a_few_batches(tmp_path, jpeg
 
 # ---- data.auto_augment, data.random_erasing ----
 
+
 def _fake_image(seed=0):
     from PIL import Image
+
     g = torch.Generator().manual_seed(seed)
     return Image.fromarray(torch.randint(0, 256, (32, 32, 3), generator=g, dtype=torch.uint8).numpy())
 
 
 def test_random_erasing_zeroes_one_rectangle_of_the_normalised_training_image():
     from addernet.data.transforms import build_transform
+
     cfg = compose(["data=fake", "data.random_erasing=1.0"])
     image = _fake_image()
     plain = build_transform(compose(["data=fake"]).data, "train")(image)
@@ -353,13 +427,16 @@ def test_random_erasing_zeroes_one_rectangle_of_the_normalised_training_image():
 def test_auto_augment_changes_training_images_only_and_trains(name, tmp_path):
     from addernet.data.transforms import build_transform
     from addernet.engine import train
+
     cfg = compose(LENET + [f"data.auto_augment={name}"])
     image = _fake_image().resize((28, 28))
     plain = build_transform(compose(LENET).data, "train")(image)
     torch.manual_seed(0)
     outs = [build_transform(cfg.data, "train")(image) for _ in range(8)]
     assert any(not torch.equal(o, plain) for o in outs)
-    torch.testing.assert_close(build_transform(cfg.data, "val")(image), build_transform(compose(LENET).data, "val")(image))
+    torch.testing.assert_close(
+        build_transform(cfg.data, "val")(image), build_transform(compose(LENET).data, "val")(image)
+    )
     summary = train(cfg, str(tmp_path / "run"))
     assert summary["epochs"] == 1
 
@@ -371,13 +448,16 @@ def test_on_device_refuses_the_pil_augmentations_with_a_message():
 
 # ---- data.mixup_alpha, data.cutmix_alpha ----
 
+
 @pytest.mark.parametrize("mix", [["data.mixup_alpha=0.4"], ["data.cutmix_alpha=1.0"]])
 def test_mixed_batches_train_on_soft_targets_and_count_top1_against_the_dominant_label(mix):
     import copy
+
     from addernet.data.mix import build_mix
     from addernet.engine.loop import LossWatch
     from addernet.engine.meters import MetricSums
     from addernet.engine.step import Stepper
+
     cfg = compose(LENET + ["data.num_classes=5", *mix])
     model = _small_net().float()
     task = build_task(model, cfg).train()
@@ -405,13 +485,16 @@ def test_mixed_batches_train_on_soft_targets_and_count_top1_against_the_dominant
 
 def test_mixup_and_cutmix_train_adder_lenet_with_kd_targets(tmp_path):
     from addernet.engine import train
-    summary = train(compose(LENET + ["data.mixup_alpha=0.2", "data.cutmix_alpha=1.0", "task=pkkd"]),
-                    str(tmp_path / "run"))
+
+    summary = train(
+        compose(LENET + ["data.mixup_alpha=0.2", "data.cutmix_alpha=1.0", "task=pkkd"]), str(tmp_path / "run")
+    )
     assert summary["epochs"] == 1 and 0 <= summary["final"]["train_teacher_top1"] <= 100
 
 
 def test_calibration_logs_its_counts(caplog):
     from addernet.quant.calibration import activation_ranges
+
     torch.manual_seed(0)
     model = model_from_config(compose(LENET)).eval()
     batches = [(torch.rand(5, 3, 28, 28), None), (torch.rand(4, 3, 28, 28), None)]
@@ -425,26 +508,41 @@ def test_calibration_logs_its_counts(caplog):
 @pytest.mark.slow
 def test_every_option_together_under_torchrun_with_two_gloo_processes(tmp_path):
     import json
-    import os
-    import socket
-    import subprocess
-    import sys
+
     from addernet.checkpoint import load_checkpoint
-    from helpers import REPO
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", str(port),
-           "train.py", "model=lenet5_bn", "data=fake", "data.image_size=28", "data.train_size=64",
-           "data.val_size=32", "data.batch_size=16", "trainer.epochs=1", "trainer.device=cpu", "trainer.progress=false",
-           "data.num_workers=0", "trainer.ema_decay=0.9", "trainer.accumulate=2", "trainer.clip_grad_norm=1",
-           "trainer.precise_bn=2", "task.label_smoothing=0.1", "data.mixup_alpha=0.2", "data.cutmix_alpha=1.0",
-           "data.auto_augment=trivialaugment", "data.random_erasing=0.25", "trainer.amp=bf16", f"hydra.run.dir={run}"]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO)))
+    proc = torchrun(
+        [
+            "train.py",
+            "model=lenet5_bn",
+            "data=fake",
+            "data.image_size=28",
+            "data.train_size=64",
+            "data.val_size=32",
+            "data.batch_size=16",
+            "trainer.epochs=1",
+            "trainer.device=cpu",
+            "trainer.progress=false",
+            "data.num_workers=0",
+            "trainer.ema_decay=0.9",
+            "trainer.accumulate=2",
+            "trainer.clip_grad_norm=1",
+            "trainer.precise_bn=2",
+            "task.label_smoothing=0.1",
+            "data.mixup_alpha=0.2",
+            "data.cutmix_alpha=1.0",
+            "data.auto_augment=trivialaugment",
+            "data.random_erasing=0.25",
+            "trainer.amp=bf16",
+            f"hydra.run.dir={run}",
+        ],
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert record["val_n"] == 32 and {"ema_val_top1", "precise_bn_seconds"} <= set(record)
     assert json.loads((run / "run.json").read_text())["world_size"] == 2
-    assert load_checkpoint(run / "checkpoints" / "last.pt")["ema"]["n_averaged"].item() == 4  # 64 images / global batch 16
+    assert (
+        load_checkpoint(run / "checkpoints" / "last.pt")["ema"]["n_averaged"].item() == 4
+    )  # 64 images / global batch 16

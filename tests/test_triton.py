@@ -7,7 +7,7 @@ tile (LANES_FIRST, chosen per Triton version on a GPU). On a CUDA machine the co
 ResNet-20/50 layer shapes, in fp16/bf16, and through the autograd path of addernet.Adder2d.
 Reference: adder2d_reference (unfold formulation, Eq. 5/7 backward) in float64.
 """
-import importlib.util
+
 import json
 import os
 import subprocess
@@ -18,13 +18,14 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 from addernet.ops.kernels import triton as tk  # the tile lists; kernels only with triton
 from addernet.ops.reference import adder2d_reference
 
+from helpers import REPO, load_script
+
 try:
     import triton
+
     HAS_TRITON = True
 except ImportError:
     HAS_TRITON = False
@@ -62,7 +63,7 @@ def _reference(x, w, go, conf):
     """float64 forward and input gradient of the reference (Eq. 7 backward)."""
     x64 = x.double().requires_grad_()
     y = adder2d_reference(x64, w.double(), *conf)
-    gx, = torch.autograd.grad(y, x64, go.double())
+    (gx,) = torch.autograd.grad(y, x64, go.double())
     return y.detach(), gx
 
 
@@ -83,8 +84,14 @@ def _interpreter_main():
     runs += [(f"{name}_lanes_first", case, LANES_FIRST_TILE, True) for name, case in CASES.items()]
     for cfg in sorted(set(tk._FWD_CONFIGS) | set(tk._DGRAD_CONFIGS)):
         for lf in (False, True):
-            runs.append((f"config_{'_'.join(map(str, cfg))}_lf{int(lf)}",
-                         (2, 5, 6, 5, 20, 3, 3, (1, 1), (1, 1), (1, 1), 1, False), cfg, lf))
+            runs.append(
+                (
+                    f"config_{'_'.join(map(str, cfg))}_lf{int(lf)}",
+                    (2, 5, 6, 5, 20, 3, 3, (1, 1), (1, 1), (1, 1), 1, False),
+                    cfg,
+                    lf,
+                )
+            )
     for name, case, cfg, lf in runs:
         tk.LANES_FIRST = lf
         x, w, go, conf = _problem(case)
@@ -106,19 +113,27 @@ def _interpreter_main():
 def interpreted():
     if not HAS_TRITON:
         pytest.skip("triton is not installed (it ships with CUDA builds of torch)")
-    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path, CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--interpreter"], env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--interpreter"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode and "only 0-dimensional arrays can be converted" in proc.stderr:
-        pytest.skip(f"the interpreter of triton {triton.__version__} cannot run loops with runtime bounds under "
-                    f"numpy {np.__version__} (a known interpreter bug, fixed in triton 3.8): use numpy < 2.4 or "
-                    "a newer triton to run these tests")
+        pytest.skip(
+            f"the interpreter of triton {triton.__version__} cannot run loops with runtime bounds under "
+            f"numpy {np.__version__} (a known interpreter bug, fixed in triton 3.8): use numpy < 2.4 or "
+            "a newer triton to run these tests"
+        )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("JSON:")]
     assert proc.returncode == 0 and lines, f"interpreter run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return json.loads(lines[-1][5:])
 
 
+@pytest.mark.slow  # the interpreter runs in a subprocess
 @pytest.mark.parametrize("order", ["", "_lanes_first"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_interpreter_forward_and_grad_input_match_reference(interpreted, name, order):
@@ -128,6 +143,7 @@ def test_interpreter_forward_and_grad_input_match_reference(interpreted, name, o
     assert res["dgrad"] < RTOL, f"grad_input rel. error {res['dgrad']:.2e}"
 
 
+@pytest.mark.slow
 def test_interpreter_every_autotune_config_is_correct(interpreted):
     cfgs = {k: v for k, v in interpreted.items() if k.startswith("config_")}
     assert len(cfgs) == 2 * len(set(tk._FWD_CONFIGS) | set(tk._DGRAD_CONFIGS)), sorted(cfgs)
@@ -152,10 +168,8 @@ def test_bad_inputs_raise_clear_errors():
 
 def _sass_report():
     """scripts/triton_sass_report.py as a module; skip where this triton cannot compile offline."""
-    spec = importlib.util.spec_from_file_location("triton_sass_report", os.path.join(ROOT, "scripts", "triton_sass_report.py"))
-    mod = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(mod)
+        mod = load_script("triton_sass_report")
     except ImportError as e:
         pytest.skip(f"this triton ({triton.__version__}) has no offline compile API the report uses: {e}")
     if not all(os.path.exists(os.path.join(mod.BIN, tool)) for tool in ("ptxas", "cuobjdump")):
@@ -182,17 +196,24 @@ def test_sm90_code_of_pixel_lane_tiles_keeps_the_register_tile():
 # ----------------------------------------------------------------------------------- CUDA
 def cuda(test):
     """Marker `cuda` (selected by scripts/gpu_check.sh) plus a skip without a GPU and Triton."""
-    return pytest.mark.cuda(pytest.mark.skipif(not (HAS_TRITON and torch.cuda.is_available()),
-                                               reason="needs a CUDA GPU and triton")(test))
+    return pytest.mark.cuda(
+        pytest.mark.skipif(not (HAS_TRITON and torch.cuda.is_available()), reason="needs a CUDA GPU and triton")(test)
+    )
+
 
 # ResNet-20 (CIFAR, 32x32) and ResNet-50 (224x224) adder layer shapes: (Cin, Cout, H, k, stride, pad)
 RESNET_LAYERS = {
-    "r20_16_32x32": (16, 16, 32, 3, 1, 1), "r20_16to32_s2": (16, 32, 32, 3, 2, 1),
-    "r20_32_16x16": (32, 32, 16, 3, 1, 1), "r20_64_8x8": (64, 64, 8, 3, 1, 1),
+    "r20_16_32x32": (16, 16, 32, 3, 1, 1),
+    "r20_16to32_s2": (16, 32, 32, 3, 2, 1),
+    "r20_32_16x16": (32, 32, 16, 3, 1, 1),
+    "r20_64_8x8": (64, 64, 8, 3, 1, 1),
     "r20_down_1x1_s2": (32, 64, 16, 1, 2, 0),
-    "r50_64_56": (64, 64, 56, 3, 1, 1), "r50_128_28": (128, 128, 28, 3, 1, 1),
-    "r50_256_14": (256, 256, 14, 3, 1, 1), "r50_512_7": (512, 512, 7, 3, 1, 1),
-    "r50_128_s2": (128, 128, 56, 3, 2, 1), "r50_1x1_256to64": (256, 64, 56, 1, 1, 0),
+    "r50_64_56": (64, 64, 56, 3, 1, 1),
+    "r50_128_28": (128, 128, 28, 3, 1, 1),
+    "r50_256_14": (256, 256, 14, 3, 1, 1),
+    "r50_512_7": (512, 512, 7, 3, 1, 1),
+    "r50_128_s2": (128, 128, 56, 3, 2, 1),
+    "r50_1x1_256to64": (256, 64, 56, 1, 1, 0),
     "r50_1x1_1024to2048_s2": (1024, 2048, 14, 1, 2, 0),
 }
 
@@ -252,6 +273,7 @@ def test_cuda_noncontiguous_and_channels_last():
 def test_cuda_adder2d_module_autograd_matches_reference():
     """Adder2d on CUDA (fast path: these kernels + the conv weight-gradient identity)."""
     from addernet import Adder2d
+
     torch.manual_seed(0)
     m = Adder2d(16, 32, 3, stride=2, padding=1, groups=2).cuda()
     x = torch.randn(8, 16, 17, 17, device="cuda", requires_grad=True)

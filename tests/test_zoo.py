@@ -1,4 +1,5 @@
 """The model zoo (addernet/zoo/): every file is what its manifest says, and test.py reproduces the manifest's top-1."""
+
 import json
 
 import pytest
@@ -8,7 +9,8 @@ from addernet.checkpoint import load_checkpoint, load_weights
 from addernet.errors import CheckpointError
 from addernet.models import build_model
 from addernet.zoo import ZOO, manifest, path, sha256
-from helpers import SHARED, run_train
+
+from helpers import SHARED, needs_shared, run_train
 
 ENTRIES = manifest()
 MNIST = SHARED / "mnist"
@@ -38,7 +40,7 @@ def test_unknown_name_lists_the_zoo():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (MNIST / "MNIST" / "raw").is_dir(), reason=f"needs the official MNIST in {MNIST}")
+@needs_shared("mnist/MNIST/raw")
 @pytest.mark.parametrize("name", sorted(ENTRIES))
 def test_test_py_prints_the_manifest_top1(name):
     res = run_train([f"checkpoint={path(name)}", f"data.root={MNIST}", "data.download=false"], script=("test.py",))
