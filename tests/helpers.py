@@ -43,6 +43,21 @@ FAKE = [
 ]
 
 
+def folder_run(root, *extra):
+    """Overrides of a one-epoch LeNet-5-BN run on a small cifar10_folder tree (the jpeg_cifar fixture's 4 classes)."""
+    return [
+        "data=cifar10_folder",
+        f"data.root={root}",
+        "data.num_classes=4",
+        "data.batch_size=16",
+        "model=lenet5_bn",
+        "data.image_size=28",
+        "trainer.epochs=1",
+        *FAST,
+        *extra,
+    ]
+
+
 def needs_shared(*paths):
     """A skipif mark for tests that read ``paths`` (relative to ../shared), with the missing ones as the reason."""
     missing = [str(SHARED / p) for p in paths if not (SHARED / p).exists()]

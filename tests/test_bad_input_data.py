@@ -13,21 +13,16 @@ from addernet.data import DataError, build_dataset, build_loader, num_workers
 from addernet.engine import ConfigError, check_config, eval_run, train
 from addernet.engine.eval_run import evaluate_checkpoint
 
-from helpers import CIFAR10_CLASSES, CIFAR_SAMPLE, FAKE, FAST, OFFICIAL_R20, compose, needs_shared, run_train
-
-
-def _folder(root, *extra):
-    return [
-        "data=cifar10_folder",
-        f"data.root={root}",
-        "data.num_classes=4",
-        "data.batch_size=16",
-        "model=lenet5_bn",
-        "data.image_size=28",
-        "trainer.epochs=1",
-        *FAST,
-        *extra,
-    ]
+from helpers import (
+    CIFAR10_CLASSES,
+    CIFAR_SAMPLE,
+    FAKE,
+    OFFICIAL_R20,
+    compose,
+    folder_run,
+    needs_shared,
+    run_train,
+)
 
 
 def _eval_cfg(checkpoint, *overrides):
@@ -52,12 +47,12 @@ def test_training_refuses_val_classes_that_differ_from_train(tmp_path, jpeg_cifa
     shutil.copytree(jpeg_cifar / "train", root / "train")
     _renamed(jpeg_cifar / "test", root / "test")
     with pytest.raises(DataError, match="'zeppelin' where the training set .*train has 'airplane'"):
-        train(compose(_folder(root)), str(tmp_path / "run"))
+        train(compose(folder_run(root)), str(tmp_path / "run"))
 
 
 def test_checkpoint_stores_class_names_and_test_py_checks_them(tmp_path, jpeg_cifar):
     run = tmp_path / "run"
-    train(compose(_folder(jpeg_cifar)), str(run))
+    train(compose(folder_run(jpeg_cifar)), str(run))
     best = run / "checkpoints" / "best.pt"
     assert load_checkpoint(best)["classes"] == CIFAR10_CLASSES[:4]
     renamed = _renamed(jpeg_cifar / "test", tmp_path / "renamed")
@@ -100,7 +95,7 @@ def test_image_folder_without_images_is_an_error(tmp_path):
     for c in CIFAR10_CLASSES[:4]:
         (tmp_path / "test" / c).mkdir(parents=True)
     with pytest.raises(DataError, match="not a usable ImageFolder tree|is empty"):
-        build_dataset(compose(_folder(tmp_path)).data, "val")
+        build_dataset(compose(folder_run(tmp_path)).data, "val")
 
 
 # --- corrupt images -------------------------------------------------------------------------------------------------
@@ -118,7 +113,7 @@ def corrupt_folder(tmp_path, jpeg_cifar):
 @pytest.mark.parametrize("workers", [0, 1])
 def test_corrupt_image_names_the_file_and_the_dataset(corrupt_folder, workers):
     root, bad = corrupt_folder
-    cfg = compose(_folder(root, f"data.num_workers={workers}")).data
+    cfg = compose(folder_run(root, f"data.num_workers={workers}")).data
     with pytest.raises(DataError) as e:
         list(build_loader(cfg, "train"))
     msg = str(e.value)
@@ -131,7 +126,7 @@ def test_train_py_exits_after_a_worker_error(tmp_path, corrupt_folder):
     """The DataError from a worker leaves its iterator alive in the traceback; its workers ignore SIGTERM, so
     without addernet.data.loader.kill_workers_left_at_exit the process hung at exit (in multiprocessing's join)."""
     root, bad = corrupt_folder
-    r = run_train(_folder(root, "data.num_workers=1", f"hydra.run.dir={tmp_path / 'run'}"), timeout=120)
+    r = run_train(folder_run(root, "data.num_workers=1", f"hydra.run.dir={tmp_path / 'run'}"), timeout=120)
     assert r.returncode == 2 and f"cannot read image {bad}" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
 
@@ -139,7 +134,7 @@ def test_train_py_exits_after_a_worker_error(tmp_path, corrupt_folder):
 def test_skip_corrupt_skips_and_reports_per_epoch(tmp_path, corrupt_folder):
     root, bad = corrupt_folder
     run = tmp_path / "run"
-    train(compose(_folder(root, "data.skip_corrupt=true")), str(run))
+    train(compose(folder_run(root, "data.skip_corrupt=true")), str(run))
     log = (run / "train.log").read_text()
     assert f"skipped unreadable image {bad}" in log
     assert "epoch 1: skipped 1 unreadable training and 0 validation image(s)" in log

@@ -22,21 +22,7 @@ from addernet.engine.eval_run import evaluate_checkpoint
 from addernet.errors import ConfigError
 from addernet.models import build_model
 
-from helpers import CIFAR10_CLASSES, FAKE, FAST, compose, run_train, write_jpeg_folder
-
-
-def _folder(root, *extra):
-    return [
-        "data=cifar10_folder",
-        f"data.root={root}",
-        "data.num_classes=4",
-        "data.batch_size=16",
-        "model=lenet5_bn",
-        "data.image_size=28",
-        "trainer.epochs=1",
-        *FAST,
-        *extra,
-    ]
+from helpers import CIFAR10_CLASSES, FAKE, FAST, compose, folder_run, run_train, write_jpeg_folder
 
 
 @pytest.fixture
@@ -54,7 +40,7 @@ def test_symlink_loop_and_second_links_count_each_file_once(small_folder):
     bird = small_folder / "test" / "bird"
     os.symlink(bird, bird / "loop")  # a folder that contains itself
     os.symlink(small_folder / "test" / "cat", bird / "cats")  # a second way into cat/'s files
-    ds = build_dataset(compose(_folder(small_folder)).data, "val")
+    ds = build_dataset(compose(folder_run(small_folder)).data, "val")
     real = [os.path.realpath(p) for p, _ in ds.samples]
     assert len(ds) == 8 and len(set(real)) == 8  # 4 classes x 2 files, each once
     assert sorted(t for _, t in ds.samples) == [0, 0, 1, 1, 2, 2, 3, 3]  # cat's files keep cat's label
@@ -63,7 +49,7 @@ def test_symlink_loop_and_second_links_count_each_file_once(small_folder):
 def test_image_of_the_wrong_size_in_a_cifar_folder_is_refused(small_folder):
     big = small_folder / "test" / "cat" / "big.png"
     Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(big)
-    cfg = compose(_folder(small_folder)).data
+    cfg = compose(folder_run(small_folder)).data
     with pytest.raises(
         DataError,
         match=rf"image {big} is 64x64, but this dataset's images are 32x32; its crop "
@@ -88,7 +74,7 @@ def test_decompression_bomb_is_a_corrupt_image(small_folder, monkeypatch, skip):
     bomb = small_folder / "test" / "cat" / "bomb.png"
     Image.fromarray(np.zeros((64, 64), np.uint8)).save(bomb)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 64x64 = 4096 > 2 x 1000: PIL's bomb error
-    cfg = compose(_folder(small_folder, f"data.skip_corrupt={str(skip).lower()}")).data
+    cfg = compose(folder_run(small_folder, f"data.skip_corrupt={str(skip).lower()}")).data
     if not skip:
         with pytest.raises(DataError, match=rf"cannot read image {bomb} \(Image size \(4096 pixels\) exceeds") as e:
             list(build_loader(cfg, "val"))
@@ -107,7 +93,7 @@ def test_names_in_different_unicode_forms_are_shown_by_code_point(small_folder):
     val = small_folder / "nfd"
     for c in ("airplane", "automobile", "bird", nfd):
         shutil.copytree(small_folder / "test" / "cat", val / c)
-    ds = build_dataset(compose(_folder(small_folder, f"data.val_dir={val}")).data, "val")
+    ds = build_dataset(compose(folder_run(small_folder, f"data.val_dir={val}")).data, "val")
     with pytest.raises(DataError, match=r"same name in different Unicode forms: 'cafe\\u0301' vs 'caf\\xe9'"):
         check_classes(["airplane", "automobile", "bird", nfc], ds, "the training set", "rename it")
 

@@ -18,7 +18,7 @@ from helpers import REPO
 TEST_CONFIGS = REPO / "tests" / "configs"
 
 
-@register_model("tiny_test_net", "CIFAR")
+@register_model("tiny_test_net")  # no dataset family: a model for any input
 def tiny_test_net(layer="adder", num_classes=10, in_channels=3):
     """A stem convolution, one body layer (adder or conv) with BatchNorm, pooling and a classifier."""
     model = nn.Sequential(

@@ -14,7 +14,7 @@ from addernet.data import build_loader
 from addernet.engine import NonFiniteLoss, evaluate, model_from_config, train
 from addernet.ops.kernels import cpu, eager
 
-from helpers import CIFAR10_CLASSES, FAKE, FAST, compose, run_train, trust_cifar10_md5, write_cifar10
+from helpers import CIFAR10_CLASSES, FAKE, FAST, compose, folder_run, run_train, trust_cifar10_md5, write_cifar10
 
 METRIC_KEYS = {
     "epoch",
@@ -106,25 +106,10 @@ def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
     assert events.PluginTagToContent("hparams")
 
 
-def _jpeg_args(root, run, *extra):
-    return [
-        "data=cifar10_folder",
-        f"data.root={root}",
-        "data.num_classes=4",
-        "data.batch_size=16",
-        "model=lenet5_bn",
-        "data.image_size=28",
-        "trainer.epochs=1",
-        f"hydra.run.dir={run}",
-        *FAST,
-        *extra,
-    ]
-
-
 @pytest.mark.slow
 def test_train_py_on_a_jpeg_image_folder(tmp_path, jpeg_cifar):
     run = tmp_path / "run"
-    proc = run_train(_jpeg_args(jpeg_cifar, run))
+    proc = run_train(folder_run(jpeg_cifar, f"hydra.run.dir={run}"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {
         ".hydra",
