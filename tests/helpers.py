@@ -43,6 +43,19 @@ FAKE = [
 ]
 
 
+# a LeNet-5-BN on 16 FakeData images, CPU, no progress bar (trainer.epochs and the rest added by each test)
+TINY_LENET = [
+    "model=lenet5_bn",
+    "data=fake",
+    "data.image_size=28",
+    "data.train_size=16",
+    "data.val_size=8",
+    "data.batch_size=8",
+    "trainer.progress=false",
+    "trainer.device=cpu",
+]
+
+
 def folder_run(root, *extra):
     """Overrides of a one-epoch LeNet-5-BN run on a small cifar10_folder tree (the jpeg_cifar fixture's 4 classes)."""
     return [

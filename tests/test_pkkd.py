@@ -21,6 +21,7 @@ from addernet.tasks.kernels import conv_sq_distance, gaussian_kernel, laplacian_
 
 from helpers import (
     TESTS,
+    TINY_LENET,
     child_env,
     compose,
     load_script,
@@ -33,15 +34,8 @@ from helpers import (
 
 WORKER = TESTS / "ddp_pkkd_worker.py"
 LENET = [
-    "model=lenet5_bn",
-    "data=fake",
-    "data.image_size=28",
-    "data.train_size=16",
-    "data.val_size=8",
-    "data.batch_size=8",
+    *TINY_LENET,
     "trainer.epochs=1",
-    "trainer.progress=false",
-    "trainer.device=cpu",
     "task=pkkd",
 ]
 

@@ -9,18 +9,11 @@ from addernet.engine import train
 from addernet.engine.config import check_config
 from addernet.errors import ConfigError
 
-from helpers import compose
+from helpers import TINY_LENET, compose
 
 TINY = [
-    "model=lenet5_bn",
-    "data=fake",
-    "data.image_size=28",
-    "data.train_size=16",
-    "data.val_size=8",
-    "data.batch_size=8",
+    *TINY_LENET,
     "trainer.epochs=2",
-    "trainer.progress=false",
-    "trainer.device=cpu",
 ]
 
 

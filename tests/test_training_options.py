@@ -13,18 +13,11 @@ from addernet.engine.config import check_config
 from addernet.errors import ConfigError
 from addernet.tasks import build_task
 
-from helpers import TESTS, compose, torchrun
+from helpers import TESTS, TINY_LENET, compose, torchrun
 
 LENET = [
-    "model=lenet5_bn",
-    "data=fake",
-    "data.image_size=28",
-    "data.train_size=16",
-    "data.val_size=8",
-    "data.batch_size=8",
+    *TINY_LENET,
     "trainer.epochs=1",
-    "trainer.progress=false",
-    "trainer.device=cpu",
     "data.num_workers=0",
     "data.pin_memory=false",
     "trainer.log_every=1",
