@@ -1,4 +1,4 @@
-"""The engine after the redesign: pinned numbers of a deterministic run, tasks as plug-ins, no per-step
+"""The engine: pinned numbers of a deterministic run, tasks as plug-ins, no per-step
 host synchronisation, optimizer/schedule factories, and the error hierarchy."""
 
 import json

@@ -1,13 +1,14 @@
 """The engine: config checks, the epoch loop, the fit driver, resume state, run outputs, meters, evaluation.
 
-config.py    validation of the composed config; the device and model builders every entry point shares
-evaluate.py  the step helpers shared by training and evaluation; evaluation over a sharded loader
+config.py    validation of the composed config; the device every entry point uses
+evaluate.py  evaluation over a sharded loader
 loop.py      one epoch of training steps, with host checks only every trainer.log_every steps
+step.py      one optimizer step: mixing, micro-batches, clipping, the step, the weight average
 fit.py       ``train(cfg, run_dir)``: builds the run, resumes it, runs the epochs, tracks the best
-resume.py    loop position, RNG states, the SIGTERM flag, restoring from last.pt
+resume.py    loop position, RNG states, the SIGTERM flag, restoring from last.pt (returns what the driver applies)
 outputs.py   train.log, metrics.jsonl, TensorBoard events and hparams (rank 0)
 meters.py    exact running sums of loss, accuracy and named loss parts
-eval_run.py  ``test.py``'s logic: stored-config merge, checkpoint loading, the report
+eval_run.py  ``test.py``'s logic: stored-config merge, checkpoint loading (also for the scripts), the report
 """
 
 from ..errors import ConfigError, NonFiniteLoss, Preempted
