@@ -16,8 +16,8 @@ TEST = "python test.py checkpoint=outputs/quickstart/checkpoints/best.pt"
 def test_readme_shows_these_commands():
     text = (REPO / "README.md").read_text()
     assert TRAIN in text and TEST in text
-    assert re.search(r"^python -m pytest -q tests", text, re.M)  # the test command .ci/run runs
-    assert "python -m pytest -q tests" in (REPO / ".ci" / "run").read_text()
+    command = re.search(r"^python -m pytest -q .*tests$", text, re.M)  # the README's test command
+    assert command and command.group(0) in (REPO / ".ci" / "run").read_text().splitlines()  # what CI runs
 
 
 @pytest.mark.slow
