@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from addernet import distributed as dist
-from addernet.engine.entry_checks import precheck
+from addernet.engine.entry_checks import exit_on_bad_command_line
 from addernet.engine.eval_run import evaluate_checkpoint, implied_data_choice, report
 from addernet.engine.sweep import record_failure, sweep_exit_code
 from addernet.errors import AdderNetError
@@ -42,12 +42,7 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    error = precheck(
-        sys.argv[1:] + ([IMPLIED] if IMPLIED else []), "test", run_dir=False
-    )  # before Hydra, whose own errors are multi-line, exit 1
-    if error:
-        print(f"test.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_bad_command_line(sys.argv[1:] + ([IMPLIED] if IMPLIED else []), "test", "test.py", run_dir=False)
     if IMPLIED:
         sys.argv.append(IMPLIED)
     main()

@@ -13,7 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from addernet.distributed import env_rank
 from addernet.engine import train
-from addernet.engine.entry_checks import groups_listing, precheck
+from addernet.engine.entry_checks import exit_on_bad_command_line, groups_listing
 from addernet.engine.sweep import record_failure, sweep_exit_code
 from addernet.errors import AdderNetError, Preempted
 
@@ -41,9 +41,6 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    error = precheck(sys.argv[1:], "train")  # before Hydra, whose own errors are multi-line, exit 1
-    if error:
-        print(f"train.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_bad_command_line(sys.argv[1:], "train", "train.py")
     main()
     sys.exit(sweep_exit_code())

@@ -20,7 +20,7 @@ import hydra
 from omegaconf import OmegaConf
 
 from addernet.analysis import count_model_ops, format_report
-from addernet.engine.entry_checks import groups_listing, precheck
+from addernet.engine.entry_checks import exit_on_bad_command_line, groups_listing
 from addernet.errors import reported
 from addernet.models import MODELS, NATIVE_DATA
 
@@ -54,10 +54,7 @@ def main(cfg):
 
 if __name__ == "__main__":
     # A read-only tool: write no Hydra run directory (the user's own overrides come later and win).
-    error = precheck(sys.argv[1:], "train", run_dir=False)  # before Hydra, whose own errors are multi-line, exit 1
-    if error:
-        print(f"count_ops.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_bad_command_line(sys.argv[1:], "train", "count_ops.py", run_dir=False)
     native = native_data(sys.argv[1:])
     sys.argv[1:1] = ["hydra.output_subdir=null", "hydra.run.dir=."] + ([native] if native else [])
     main()

@@ -14,7 +14,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from addernet.engine.entry_checks import check_output_path, precheck
+from addernet.engine.entry_checks import check_output_path, exit_on_bad_command_line
 from addernet.engine.eval_run import load_float_model
 from addernet.errors import reported
 from addernet.quant import quantize_for_eval
@@ -36,10 +36,5 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    error = precheck(
-        sys.argv[1:], "export_onnx", run_dir=False
-    )  # before Hydra, whose own errors are multi-line, exit 1
-    if error:
-        print(f"export_onnx.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_bad_command_line(sys.argv[1:], "export_onnx", "export_onnx.py", run_dir=False)
     main()

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from addernet.engine import ConfigError
-from addernet.engine.entry_checks import check_output_path, precheck
+from addernet.engine.entry_checks import check_output_path, exit_on_bad_command_line
 from addernet.engine.eval_run import load_float_model
 from addernet.errors import reported
 from addernet.quant import quantize_for_eval, save_quantized
@@ -38,8 +38,5 @@ def main(cfg):
 
 
 if __name__ == "__main__":
-    error = precheck(sys.argv[1:], "quantize", run_dir=False)  # before Hydra, whose own errors are multi-line, exit 1
-    if error:
-        print(f"quantize.py: error: {error}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_bad_command_line(sys.argv[1:], "quantize", "quantize.py", run_dir=False)
     main()

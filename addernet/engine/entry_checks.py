@@ -20,7 +20,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from ..errors import ConfigError
+from ..errors import ConfigError, reported
 from .config import CONFIGS, HYDRA_KEYS, check_known_keys, entry_layout, group_keys
 
 
@@ -175,6 +175,15 @@ def precheck(argv, entry, run_dir=True):
     except ConfigError as e:
         return str(e)
     return None
+
+
+def exit_on_bad_command_line(argv, entry, prog, run_dir=True):
+    """What every entry point runs before Hydra (whose own errors are multi-line, exit 1): precheck's error
+    as ``<prog>: error: <message>`` on stderr and exit 2."""
+    error = precheck(argv, entry, run_dir)
+    if error:
+        with reported(prog):
+            raise ConfigError(error)
 
 
 @functools.lru_cache(maxsize=None)
