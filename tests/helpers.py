@@ -43,6 +43,9 @@ FAKE = [
 ]
 
 
+# what a finished train.py run leaves in its run dir (plus .hydra/ when launched through Hydra)
+RUN_FILES = {"config.yaml", "train.log", "metrics.jsonl", "tensorboard", "checkpoints", ".lock", "run.json"}
+
 # a LeNet-5-BN on 16 FakeData images, CPU, no progress bar (trainer.epochs and the rest added by each test)
 TINY_LENET = [
     "model=lenet5_bn",

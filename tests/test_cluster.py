@@ -10,6 +10,17 @@ from addernet.distributed import adopt_slurm_environment, first_host
 
 from helpers import REPO, run_train
 
+# one job of a sweep: a LeNet-5-BN on 32 FakeData images, the debug preset's short run
+SWEEP_JOB = [
+    "experiment=debug",
+    "data=fake",
+    "model=lenet5_bn",
+    "data.image_size=28",
+    "data.train_size=32",
+    "data.val_size=16",
+    "trainer.device=cpu",
+]
+
 
 @pytest.mark.parametrize(
     "nodelist, host",
@@ -48,13 +59,7 @@ def test_submitit_local_runs_a_two_job_sweep_then_resumes_it(tmp_path):
     args = [
         "-m",
         "hydra/launcher=submitit_local",
-        "experiment=debug",
-        "data=fake",
-        "model=lenet5_bn",
-        "data.image_size=28",
-        "data.train_size=32",
-        "data.val_size=16",
-        "trainer.device=cpu",
+        *SWEEP_JOB,
         "trainer.seed=0,1",
         f"hydra.sweep.dir={sweep}",
     ]
@@ -86,13 +91,7 @@ def test_optuna_search_runs_two_trials_and_reports_the_best(tmp_path):
         "-m",
         "hparams_search=lr_eta",
         "hydra.sweeper.n_trials=2",
-        "experiment=debug",
-        "data=fake",
-        "model=lenet5_bn",
-        "data.image_size=28",
-        "data.train_size=32",
-        "data.val_size=16",
-        "trainer.device=cpu",
+        *SWEEP_JOB,
         f"hydra.sweep.dir={sweep}",
     ]
     done = run_train(args, env={"OMP_NUM_THREADS": "1"}, timeout=600)

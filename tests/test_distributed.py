@@ -11,7 +11,7 @@ from addernet.checkpoint import load_checkpoint
 from addernet.data import build_loader
 from addernet.engine import evaluate, model_from_config
 
-from helpers import compose, run_train
+from helpers import RUN_FILES, compose, run_train
 
 ARGS = [
     "data=fake",
@@ -38,16 +38,7 @@ def test_torchrun_two_cpu_processes(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert os.listdir(tmp_path / "outputs") == ["job"]  # one run dir for the job
-    assert {p.name for p in run.iterdir()} == {
-        ".hydra",
-        ".lock",
-        "config.yaml",
-        "train.log",
-        "metrics.jsonl",
-        "tensorboard",
-        "checkpoints",
-        "run.json",
-    }
+    assert {p.name for p in run.iterdir()} == RUN_FILES | {".hydra"}
     tb = run / "tensorboard"
     # rank 0's writer and, in the same dir (one run in TensorBoard), its hparams writer
     assert len([p for p in tb.iterdir() if p.name.startswith("events")]) == 2

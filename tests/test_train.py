@@ -14,7 +14,17 @@ from addernet.data import build_loader
 from addernet.engine import NonFiniteLoss, evaluate, model_from_config, train
 from addernet.ops.kernels import cpu, eager
 
-from helpers import CIFAR10_CLASSES, FAKE, FAST, compose, folder_run, run_train, trust_cifar10_md5, write_cifar10
+from helpers import (
+    CIFAR10_CLASSES,
+    FAKE,
+    FAST,
+    RUN_FILES,
+    compose,
+    folder_run,
+    run_train,
+    trust_cifar10_md5,
+    write_cifar10,
+)
 
 METRIC_KEYS = {
     "epoch",
@@ -58,15 +68,7 @@ def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
     run = tmp_path / "run"
     summary = train(cfg, str(run))
 
-    assert {p.name for p in run.iterdir()} == {
-        "config.yaml",
-        "train.log",
-        "metrics.jsonl",
-        "tensorboard",
-        "checkpoints",
-        ".lock",
-        "run.json",
-    }
+    assert {p.name for p in run.iterdir()} == RUN_FILES
     assert OmegaConf.load(run / "config.yaml") == OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert set(record) == METRIC_KEYS
@@ -111,16 +113,7 @@ def test_train_py_on_a_jpeg_image_folder(tmp_path, jpeg_cifar):
     run = tmp_path / "run"
     proc = run_train(folder_run(jpeg_cifar, f"hydra.run.dir={run}"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {
-        ".hydra",
-        ".lock",
-        "config.yaml",
-        "train.log",
-        "metrics.jsonl",
-        "tensorboard",
-        "checkpoints",
-        "run.json",
-    } == {p.name for p in run.iterdir()}
+    assert {p.name for p in run.iterdir()} == RUN_FILES | {".hydra"}
     assert OmegaConf.load(run / ".hydra" / "config.yaml").data.root == str(jpeg_cifar)
     [record] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert record["val_n"] == 37 and set(record) == METRIC_KEYS

@@ -279,27 +279,7 @@ class IntegerResNet(nn.Module):
         c_ops = (int_cpu.IntnetOp * len(ops))()
         keep = []
         for co, o in zip(c_ops, ops):
-            for name in (
-                "kind",
-                "C",
-                "H",
-                "W",
-                "O",
-                "kh",
-                "kw",
-                "sh",
-                "sw",
-                "ph",
-                "pw",
-                "Ho",
-                "Wo",
-                "Kp",
-                "n_tiles",
-                "n_planes",
-                "out_buf",
-                "res_buf",
-                "relu",
-            ):
+            for name in int_cpu.INT_FIELDS:  # those an op does not use are 0
                 setattr(co, name, int(o.get(name, 0)))
             co.in_buf = o["in_buf"]
             co.n_q, co.lv = len(o["q"]), lv

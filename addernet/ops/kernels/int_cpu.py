@@ -99,36 +99,37 @@ MAX_OUTPUTS = 8  # quantised outputs per op (adder_int.c MAXQ)
 MAX_BUFFERS = 256  # adder_int.c MAXBUF
 
 
+# the integer fields of adder_int.c's intnet_op, in order
+INT_FIELDS = (
+    "kind",
+    "C",
+    "H",
+    "W",
+    "O",
+    "kh",
+    "kw",
+    "sh",
+    "sw",
+    "ph",
+    "pw",
+    "Ho",
+    "Wo",
+    "Kp",
+    "n_tiles",
+    "n_planes",
+    "in_buf",
+    "out_buf",
+    "res_buf",
+    "relu",
+    "n_q",
+    "lv",
+)
+
+
 class IntnetOp(ctypes.Structure):
     """One op of the integer network; field for field adder_int.c's intnet_op."""
 
-    _fields_ = [
-        (n, ctypes.c_int64)
-        for n in (
-            "kind",
-            "C",
-            "H",
-            "W",
-            "O",
-            "kh",
-            "kw",
-            "sh",
-            "sw",
-            "ph",
-            "pw",
-            "Ho",
-            "Wo",
-            "Kp",
-            "n_tiles",
-            "n_planes",
-            "in_buf",
-            "out_buf",
-            "res_buf",
-            "relu",
-            "n_q",
-            "lv",
-        )
-    ] + [
+    _fields_ = [(n, ctypes.c_int64) for n in INT_FIELDS] + [
         ("q_buf", ctypes.c_int64 * MAX_OUTPUTS),
         ("inv", ctypes.c_double * MAX_OUTPUTS),
         ("w", ctypes.c_void_p),
