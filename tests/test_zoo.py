@@ -17,7 +17,7 @@ MNIST = SHARED / "mnist"
 
 
 def test_the_zoo_has_the_mnist_pair():
-    assert {"mnist_lenet5_bn_adder", "mnist_lenet5_bn_cnn"} <= set(ENTRIES)
+    assert {"mnist_lenet5_bn_adder_conv2", "mnist_lenet5_bn_cnn"} <= set(ENTRIES)
 
 
 @pytest.mark.parametrize("name", sorted(ENTRIES))
@@ -29,13 +29,14 @@ def test_file_matches_manifest_and_loads_into_its_model(name):
     assert ckpt["config"]["data"]["root"] == "data"  # no path of the training machine
     assert ckpt["config"]["trainer"]["seed"] == entry["seed"] and ckpt["epoch"] == entry["epochs"]
     model = ckpt["config"]["model"]
-    net = build_model(model["name"], layer=model["layer"], num_classes=ckpt["config"]["data"]["num_classes"])
+    options = {k: v for k, v in model.items() if k not in ("name", "layer")}  # e.g. lenet5_bn's adder_layers
+    net = build_model(model["name"], layer=model["layer"], num_classes=ckpt["config"]["data"]["num_classes"], **options)
     load_weights(net, ckpt["model"])  # strict: every tensor present, no extra one
     assert all(torch.isfinite(t).all() for t in ckpt["model"].values() if t.is_floating_point())
 
 
 def test_unknown_name_lists_the_zoo():
-    with pytest.raises(CheckpointError, match="mnist_lenet5_bn_adder"):
+    with pytest.raises(CheckpointError, match="mnist_lenet5_bn_adder_conv2"):
         path("mnist_lenet5")
 
 
