@@ -1,10 +1,14 @@
 """The package installs with pip (pyproject.toml) and works from any directory, its C kernel sources included."""
 
+import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import REPO
 
@@ -47,3 +51,43 @@ def test_pip_installed_wheel_imports_and_runs_from_another_directory(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
     assert list((tmp_path / "cache").glob("adder_cpu_*.so"))  # the fast kernel compiled from the installed sources
+
+
+def editable_line():
+    """requirements.txt's editable install of this repository, as pip arguments."""
+    [line] = [x for x in (REPO / "requirements.txt").read_text().splitlines() if x.startswith("-e ")]
+    return line.split("#")[0].split()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs git and a git checkout")
+def test_a_clone_named_addernet_does_not_shadow_its_editable_install(tmp_path):
+    """Cloned into a folder named addernet and used from its parent, the folder would be imported as an empty
+    namespace package ahead of an import-hook editable install; requirements.txt's path-based mode prevents it."""
+    clone, venv = tmp_path / "addernet", tmp_path / "venv"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
+    ).stdout.strip()
+    # torch, pip and setuptools of this environment, reused as a plain path (their .pth hooks are not run)
+    Path(site, "reused.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
+    args = [str(clone) if a == "." else a for a in editable_line()[1:]]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    [snippet] = [
+        b for b in re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S) if "adderize" in b
+    ]
+    code = f"{snippet}\nprint(addernet.__file__)"
+    r = subprocess.run([python, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "replaced layer4.1.conv2: Conv2d -> Adder2d" in r.stdout
+    assert r.stdout.strip().splitlines()[-1] == str(clone / "addernet" / "__init__.py")
