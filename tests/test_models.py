@@ -6,7 +6,7 @@ import torch.nn as nn
 import torchvision
 
 from addernet import Adder2d
-from addernet.models import MODELS, NATIVE_DATA, build_model
+from addernet.models import MODELS, NATIVE_DATA, build_model, model_label
 
 from helpers import compose
 
@@ -173,3 +173,10 @@ def test_model_configs_build_at_their_datasets_resolution(name, data):
             s = cfg.data.image_size
             y = model(torch.empty(1, cfg.data.in_channels, s, s, device="meta"))
             assert y.shape == (1, cfg.data.num_classes)
+
+
+def test_the_log_label_names_the_wrapped_torchvision_architecture():
+    assert model_label(compose(["model=torchvision", "model.arch=mobilenet_v3_small"]).model) == (
+        "torchvision mobilenet_v3_small (adder)"
+    )
+    assert model_label(compose(["model=resnet20", "model.layer=conv"]).model) == "resnet20 (conv)"
