@@ -56,7 +56,7 @@ CKPT_KEYS = {
     "world_size",
     "classes",
 }  # classes: CIFAR names
-TB_SCALARS = {"train/loss", "train/top1", "val/loss", "val/top1", "val/top5", "train/lr", "train/images_per_s"}
+TB_SCALARS = {"train/loss", "train/top1", "val/loss", "val/top1", "val/top5", "watch/lr", "watch/images_per_s"}
 
 
 def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
@@ -97,9 +97,9 @@ def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
     assert len(adder_layers) == 20  # ResNet-20: 18 body 3x3 layers + 2 shortcut projections
     assert adder_layers == AdaptiveLR(model).names
     tags = events.Tags()
-    hparam = {"hparam/best_top1", "hparam/final_top1"}  # the hparams summary, in the same dir (one run)
+    hparam = {"val_summary/best_top1", "val_summary/final_top1"}  # the hparams summary, in the same dir (one run)
     assert TB_SCALARS | hparam == set(tags["scalars"]) and not tags["histograms"]
-    for tag, key in (("val/top1", "val_top1"), ("train/loss", "train_loss"), ("train/lr", "lr")):
+    for tag, key in (("val/top1", "val_top1"), ("train/loss", "train_loss"), ("watch/lr", "lr")):
         [event] = events.Scalars(tag)
         assert event.step == 1 and event.value == pytest.approx(record[key], rel=1e-6)
     layers = EventAccumulator(str(run / "tensorboard" / "diagnostics"), size_guidance={"histograms": 0, "scalars": 0})

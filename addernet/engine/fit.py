@@ -481,7 +481,7 @@ class Run:
         if self.main:
             self.outputs.close(
                 self.hparams(),
-                {"hparam/best_top1": s["best_top1"], "hparam/final_top1": last.get("val_top1", float("nan"))},
+                {"val_summary/best_top1": s["best_top1"], "val_summary/final_top1": last.get("val_top1", float("nan"))},
             )
             log.info("done: best val top1 %.2f at epoch %d; run dir %s", s["best_top1"], s["best_epoch"], self.run_dir)
         return {

@@ -1,9 +1,9 @@
 """What a run writes (rank 0 only): train.log, metrics.jsonl, TensorBoard events and hparams.
 
 TensorBoard shows tag groups alphabetically across all runs, so the curves a user opens it for (``train/``,
-``val/``) are the first groups, and the per-layer diagnostics (one adaptive-LR curve and one weight histogram
-per adder layer) sort after them (``weights/``), in a run of their own (``tensorboard/diagnostics``) that can
-be hidden with one click.
+``val/``: loss and accuracy) are the first groups; the run's summary (``val_summary/``), LR and throughput
+(``watch/``) and the per-layer diagnostics (``weights/``: one adaptive-LR curve and one weight histogram per
+adder layer, in a run of their own, ``tensorboard/diagnostics``, hidden with one click) sort after them.
 
 Crash-safe by construction: metrics.jsonl is rewritten from the checkpoint's history when a run
 resumes, and the TensorBoard writer purges events after the resumed epoch, so a replayed epoch
@@ -24,8 +24,8 @@ RECORD_SCALARS = (
     ("val/loss", "val_loss"),
     ("val/top1", "val_top1"),
     ("val/top5", "val_top5"),
-    ("train/lr", "lr"),
-    ("train/images_per_s", "images_per_s"),
+    ("watch/lr", "lr"),
+    ("watch/images_per_s", "images_per_s"),
 )
 BASE_KEYS = {key for _, key in RECORD_SCALARS} | {"epoch", "val_n", "epoch_seconds", "val_images_per_s"}
 
