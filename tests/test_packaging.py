@@ -91,3 +91,21 @@ def test_a_clone_named_addernet_does_not_shadow_its_editable_install(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "replaced layer4.1.conv2: Conv2d -> Adder2d" in r.stdout
     assert r.stdout.strip().splitlines()[-1] == str(clone / "addernet" / "__init__.py")
+
+
+def test_readme_install_block_installs_the_cpu_build_first_and_requirements_keep_it():
+    """The CPU-only line comes before anything that installs torch, and requirements.txt's pins accept its
+    local-version wheels (2.14.1+cpu satisfies ==2.14.1), so pip does not replace them with the CUDA build."""
+    from packaging.requirements import Requirement
+
+    block = re.search(r"## Install\n\n```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    lines = [x.split("#")[0].strip() for x in block.splitlines() if x.split("#")[0].strip()]
+    [cpu] = [i for i, x in enumerate(lines) if "download.pytorch.org/whl/cpu" in x]
+    assert cpu < min(i for i, x in enumerate(lines) if "requirements.txt" in x)
+    wheels = dict(w.split("==") for w in lines[cpu].split() if "==" in w)
+    text = [x.split("#")[0].strip() for x in (REPO / "requirements.txt").read_text().splitlines()]
+    pins = [Requirement(x) for x in text if x and not x.startswith("-")]
+    pins = {r.name: r.specifier for r in pins if r.name in wheels}
+    assert set(pins) == set(wheels) == {"torch", "torchvision"}
+    for name, version in wheels.items():
+        assert pins[name].contains(f"{version}+cpu"), name
