@@ -6,7 +6,7 @@ import torch.nn as nn
 import torchvision
 
 from addernet import Adder2d
-from addernet.models import MODELS, NATIVE_DATA, build_model
+from addernet.models import MODELS, NATIVE_DATA, build_model, model_label
 
 from helpers import compose
 
@@ -199,3 +199,10 @@ def test_all_adder_lenet_has_every_weight_layer_adder_each_followed_by_batchnorm
 def test_lenet_adder_layers_option_is_checked():
     with pytest.raises(ValueError, match="model.adder_layers=body"):
         build_model("lenet5_bn", "adder", adder_layers="fc")
+
+
+def test_the_log_label_names_the_wrapped_torchvision_architecture():
+    assert model_label(compose(["model=torchvision", "model.arch=mobilenet_v3_small"]).model) == (
+        "torchvision mobilenet_v3_small (adder)"
+    )
+    assert model_label(compose(["model=resnet20", "model.layer=conv"]).model) == "resnet20 (conv)"

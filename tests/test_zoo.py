@@ -48,3 +48,18 @@ def test_test_py_prints_the_manifest_top1(name):
     assert res.returncode == 0, res.stderr[-2000:]
     result = json.loads(res.stdout.strip().splitlines()[-1])
     assert (result["top1"], result["top5"], result["n"]) == (ENTRIES[name]["top1"], ENTRIES[name]["top5"], 10000)
+
+
+@pytest.mark.slow
+@needs_shared("mnist/MNIST/raw")
+def test_test_py_labels_its_log_lines_with_their_logger():
+    args = [
+        f"checkpoint={path('mnist_lenet5_bn_adder')}",
+        f"data.root={MNIST}",
+        "data.download=false",
+        "data.val_size=64",
+    ]
+    res = run_train([*args, "trainer.progress=false"], script=("test.py",))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "[addernet.data][INFO] data.on_device: val split" in res.stderr and "[HYDRA]" not in res.stderr
+    assert "model lenet5_bn (adder) | data mnist" in res.stdout
