@@ -77,20 +77,20 @@ def _every(field, value):
 
 
 TAMPERED = [
-    (_set("layer2.0.conv1.scale", torch.neg), r"layer2\.0\.conv1\.scale = a value must hold finite numbers > 0"),
-    (_set("layer1.0.conv1.scale", torch.zeros_like), r"layer1\.0\.conv1\.scale = a value must hold finite numbers"),
-    (_set("layer1.1.conv2.scale", lambda s: s * 1e3), r"layer1\.1\.conv2\.scale = .* exceeds act_range"),
-    (_every("bits", lambda b: torch.tensor(0)), r"layer1\.0\.conv1\.bits = 0 is outside 2\.\.16"),
-    (_every("bits", lambda b: torch.tensor(100)), r"layer1\.0\.conv1\.bits = 100 is outside 2\.\.16"),
-    (_set("layer3.0.conv2.bits", torch.tensor(6)), r"layer3\.0\.conv2\.bits = 6 differs from layer layer1\.0\.conv1"),
-    (_set("layer1.0.conv1.bits", torch.tensor(12)), r"layer1\.0\.conv1\.qweight = a 4-D torch\.int8 tensor"),
-    (_set("layer1.0.bn1.running_var", lambda v: -v), r"layer1\.0\.bn1\.running_var = a value is negative"),
-    (_set("layer2.1.conv1.act_range", torch.tensor(0.0)), r"layer2\.1\.conv1\.act_range = 0 must be a finite"),
-    (_set("layer2.1.conv1.act_range", torch.tensor(-2.0)), r"layer2\.1\.conv1\.act_range = -2 must be a finite"),
-    (_set("layer1.2.conv1.group", lambda g: g - 1 - g.max()), r"layer1\.2\.conv1\.group = an index must hold 16"),
-    (_set("layer1.2.conv1.group", lambda g: g.clamp(max=0) + 7), r"layer1\.2\.conv1\.group = an index .* in 0\.\.3"),
-    (_set("layer3.2.conv2.bias_term", lambda b: b.abs() + 1), r"layer3\.2\.conv2\.bias_term = a value must hold 64"),
-    (_set("layer1.0.conv2.qweight", lambda w: w.float()), r"layer1\.0\.conv2\.qweight = a 4-D torch\.float32"),
+    (_set("layer2.0.conv1.scale", torch.neg), r"layer2\.0\.conv1\.scale holds a value that is not a finite number > 0"),
+    (_set("layer1.0.conv1.scale", torch.zeros_like), r"layer1\.0\.conv1\.scale holds a value that is not a finite"),
+    (_set("layer1.1.conv2.scale", lambda s: s * 1e3), r"layer1\.1\.conv2\.scale holds .*, above act_range"),
+    (_every("bits", lambda b: torch.tensor(0)), r"layer1\.0\.conv1\.bits is 0, outside 2\.\.16"),
+    (_every("bits", lambda b: torch.tensor(100)), r"layer1\.0\.conv1\.bits is 100, outside 2\.\.16"),
+    (_set("layer3.0.conv2.bits", torch.tensor(6)), r"layer3\.0\.conv2\.bits is 6, but layer layer1\.0\.conv1 has 8"),
+    (_set("layer1.0.conv1.bits", torch.tensor(12)), r"layer1\.0\.conv1\.qweight is a 4-D torch\.int8 tensor, not"),
+    (_set("layer1.0.bn1.running_var", lambda v: -v), r"layer1\.0\.bn1\.running_var holds a negative value"),
+    (_set("layer2.1.conv1.act_range", torch.tensor(0.0)), r"layer2\.1\.conv1\.act_range is 0, not a finite"),
+    (_set("layer2.1.conv1.act_range", torch.tensor(-2.0)), r"layer2\.1\.conv1\.act_range is -2, not a finite"),
+    (_set("layer1.2.conv1.group", lambda g: g - 1 - g.max()), r"layer1\.2\.conv1\.group must be 16 group indices"),
+    (_set("layer1.2.conv1.group", lambda g: g.clamp(max=0) + 7), r"layer1\.2\.conv1\.group must be .* in 0\.\.3"),
+    (_set("layer3.2.conv2.bias_term", lambda b: b.abs() + 1), r"layer3\.2\.conv2\.bias_term must be 64 finite"),
+    (_set("layer1.0.conv2.qweight", lambda w: w.float()), r"layer1\.0\.conv2\.qweight is a 4-D torch\.float32"),
 ]
 
 

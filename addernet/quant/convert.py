@@ -128,10 +128,9 @@ def prepare_quantized(model, state, kernel="auto", source="checkpoint"):
     return model
 
 
-def _field_error(source, key, value, want):
-    shown = value if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else value
+def _field_error(source, key, problem):
     return CheckpointError(
-        f"{source}: {key} = {shown} {want}; the quantised file is damaged or was edited, so it is not evaluated "
+        f"{source}: {key} {problem}; the quantised file is damaged or was edited, so it is not evaluated "
         "(write it again with scripts/quantize.py)"
     )
 
@@ -144,7 +143,7 @@ def check_quantized_state(state, names, source="checkpoint"):
         t = state.get(key)
         if not isinstance(t, torch.Tensor) or t.dim() != ndim or t.dtype not in kinds:
             what = f"a {t.dim()}-D {t.dtype} tensor" if isinstance(t, torch.Tensor) else type(t).__name__
-            raise _field_error(source, key, what, f"should be a {ndim}-D tensor of {kinds[0]}")
+            raise _field_error(source, key, f"is {what}, not a {ndim}-D tensor of {kinds[0]}")
         return t
 
     ints, floats = (torch.int64, torch.int32, torch.int16, torch.int8), (torch.float32, torch.float64)
@@ -152,39 +151,38 @@ def check_quantized_state(state, names, source="checkpoint"):
     for n in names:
         bits = int(tensor(f"{n}.bits", ints, 0))
         if not 2 <= bits <= 16:
-            raise _field_error(source, f"{n}.bits", bits, "is outside 2..16")
+            raise _field_error(source, f"{n}.bits", f"is {bits}, outside 2..16")
         qweight = tensor(f"{n}.qweight", (torch.int8 if bits <= 8 else torch.int16,), 4)
         scale, group = tensor(f"{n}.scale", floats, 1), tensor(f"{n}.group", ints, 1)
         act_range, bias = float(tensor(f"{n}.act_range", floats, 0)), tensor(f"{n}.bias_term", floats, 1)
         if first is None:
             first = (n, bits, scale.numel())
-        elif (bits, scale.numel()) != first[1:]:
-            key, value, other = (
-                (f"{n}.bits", bits, first[1])
-                if bits != first[1]
-                else (f"{n}.scale", f"{scale.numel()} groups", first[2])
+        elif bits != first[1]:
+            raise _field_error(source, f"{n}.bits", f"is {bits}, but layer {first[0]} has {first[1]} (one for all)")
+        elif scale.numel() != first[2]:
+            raise _field_error(
+                source, f"{n}.scale", f"has {scale.numel()} groups, but layer {first[0]} has {first[2]} (one for all)"
             )
-            raise _field_error(source, key, value, f"differs from layer {first[0]} ({other}): one setting for all")
         half = 2 ** (bits - 1)
         if qweight.numel() and not (-half <= int(qweight.min()) and int(qweight.max()) <= half - 1):
             raise _field_error(
-                source, f"{n}.qweight", "a value", f"is outside the {bits}-bit range [-{half}, {half - 1}]"
+                source, f"{n}.qweight", f"holds values outside the {bits}-bit range [-{half}, {half - 1}]"
             )
         if not (math.isfinite(act_range) and act_range > 0):
-            raise _field_error(source, f"{n}.act_range", act_range, "must be a finite number > 0")
+            raise _field_error(source, f"{n}.act_range", f"is {act_range:g}, not a finite number > 0")
         if scale.numel() == 0 or not (torch.isfinite(scale).all() and (scale > 0).all()):
-            raise _field_error(source, f"{n}.scale", "a value", "must hold finite numbers > 0")
+            raise _field_error(source, f"{n}.scale", "holds a value that is not a finite number > 0")
         if (scale > act_range * (1 + 1e-6)).any():
-            raise _field_error(source, f"{n}.scale", f"{float(scale.max()):g}", f"exceeds act_range {act_range:g}")
+            raise _field_error(source, f"{n}.scale", f"holds {float(scale.max()):g}, above act_range {act_range:g}")
         out = qweight.shape[0]
         if group.shape != (out,) or group.numel() and not (0 <= int(group.min()) and int(group.max()) < scale.numel()):
-            raise _field_error(source, f"{n}.group", "an index", f"must hold {out} indices in 0..{scale.numel() - 1}")
+            raise _field_error(source, f"{n}.group", f"must be {out} group indices in 0..{scale.numel() - 1}")
         if bias.shape != (out,) or not (torch.isfinite(bias).all() and (bias <= 0).all()):
-            raise _field_error(source, f"{n}.bias_term", "a value", f"must hold {out} finite numbers <= 0")
+            raise _field_error(source, f"{n}.bias_term", f"must be {out} finite numbers <= 0")
     for key, value in state.items():
         if isinstance(key, str) and key.endswith(".running_var") and isinstance(value, torch.Tensor):
             if value.is_floating_point() and (value < 0).any():
-                raise _field_error(source, key, "a value", "is negative (a variance is >= 0)")
+                raise _field_error(source, key, "holds a negative value (a variance is >= 0)")
 
 
 def quant_summary(model, floor=1e-3):
