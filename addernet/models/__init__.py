@@ -38,7 +38,8 @@ def build_model(name, layer="adder", num_classes=10, in_channels=None, **options
     """Build model `name` with adder (`layer="adder"`) or convolution (`layer="conv"`) body layers.
 
     `in_channels=None` takes the model's dataset default (1 for lenet5_bn, else 3); `options` are the
-    model's own keyword arguments (configs/model/<name>.yaml keys other than name and layer).
+    model's own keyword arguments (configs/model/<name>.yaml keys other than name and layer). An adder form
+    without any adder layer (every candidate kept or left multiplicative) is a ValueError saying what it holds.
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}: choose one of {', '.join(sorted(MODELS))} (e.g. model=resnet20)")
