@@ -21,11 +21,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
+/* The path is chosen at compile time (build.py's ADDERNET_CPU_ISA picks the -march flags);
+ * ADDERNET_PLAIN_C forces the portable path that non-x86 machines compile. */
+#if defined(__AVX512F__) && !defined(ADDERNET_PLAIN_C)
 #include <immintrin.h>
 #define VBYTES 64
 #define NREG 32
-#elif defined(__AVX__)
+#elif defined(__AVX__) && !defined(ADDERNET_PLAIN_C)
 #include <immintrin.h>
 #define VBYTES 32
 #define NREG 16
@@ -106,3 +108,16 @@ int adder_openmp(void) {
 
 /* Vector width in bytes: Python pads channel counts to multiples of VBYTES / sizeof(T). */
 int adder_vbytes(void) { return VBYTES; }
+
+/* The compiled path, for tests and benchmark reports: avx512, avx2, sse2 or plain C. */
+const char *adder_path(void) {
+#if VBYTES == 64
+    return "avx512";
+#elif VBYTES == 32
+    return "avx2";
+#elif defined(__SSE2__) && !defined(ADDERNET_PLAIN_C)
+    return "sse2";
+#else
+    return "plain C";
+#endif
+}
