@@ -24,6 +24,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -72,8 +73,8 @@ def cpu_isa(isa=None):
 def missing_cpu_flags(isa):
     """The CPU flags `isa` needs that this machine lacks (all of them when it is not x86-64)."""
     have = set(_cpu_fingerprint().split(":", 1)[-1].split())
-    if isa != "native" and os.uname().machine not in ("x86_64", "AMD64"):
-        return [f"x86-64 (this is {os.uname().machine})"]
+    if isa != "native" and platform.machine() not in ("x86_64", "AMD64"):
+        return [f"x86-64 (this is {platform.machine()})"]
     return [flag for flag in ISAS[isa][1] if flag not in have]
 
 
@@ -81,18 +82,19 @@ def load_library(name="adder_cpu", isa=None):
     """Return the ctypes library `name` (adder_cpu: float kernels, adder_int: the integer kernel of
     quantised layers) built for `isa` (see cpu_isa), compiling it into the cache first if needed
     (raises BuildError, also when this CPU cannot run that instruction set)."""
-    return _load(name, cpu_isa(isa))
-
-
-@functools.lru_cache(maxsize=None)
-def _load(name, isa):
-    target = build_library(name, isa)
+    isa = cpu_isa(isa)
     missing = missing_cpu_flags(isa)
     if missing:
         raise BuildError(
             f"the {isa} kernel needs CPU flag {', '.join(missing)}, which this CPU lacks; "
             "unset ADDERNET_CPU_ISA or choose a lower one"
         )
+    return _load(name, isa)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name, isa):
+    target = build_library(name, isa)
     try:
         return ctypes.CDLL(str(target))
     except OSError as e:
