@@ -78,6 +78,22 @@ def missing_cpu_flags(isa):
     return [flag for flag in ISAS[isa][1] if flag not in have]
 
 
+def machine(threads):
+    """One line for benchmark output: CPU model, the kernels' instruction set, threads, load average."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    flags = set(_cpu_fingerprint().split(":", 1)[-1].split())
+    simd = " ".join(f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "amx_tile") if f in flags)
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    return (
+        f"CPU {model or platform.machine()} ({simd or 'no AVX2/AVX-512'}) | kernels ADDERNET_CPU_ISA={cpu_isa()} | "
+        f"{threads} threads | load average {load}"
+    )
+
+
 def load_library(name="adder_cpu", isa=None):
     """Return the ctypes library `name` (adder_cpu: float kernels, adder_int: the integer kernel of
     quantised layers) built for `isa` (see cpu_isa), compiling it into the cache first if needed
