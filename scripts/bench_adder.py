@@ -24,6 +24,14 @@ with a warning when the machine was busy (others' load makes every figure noisy)
 
     python scripts/bench_adder.py [--quick] [--json PATH] [--repeats N] [--threads N]
                                   [--no-layers] [--step-rounds N] [--train-rounds N] [--train-size N]
+
+--kernels ISA,ISA,... prints only the float kernels' throughput instead: forward and input gradient of
+each ResNet-20 shape (and the r50 ones unless --quick) called directly, float32, on one thread, in
+thread CPU time, the instruction sets (ADDERNET_CPU_ISA, docs/adder_layer.md) interleaved per round;
+G elements/s with elements = N x Cout x Cin x kh x kw x Ho x Wo, median and min-max over --repeats.
+Divide by scripts/cpu_peak.c's peak of the mix for the share of peak (docs/benchmarks.md).
+
+    python scripts/bench_adder.py --kernels native,avx2 [--quick] [--repeats N]
 """
 
 import argparse
@@ -48,6 +56,7 @@ from addernet.analysis.layer_shapes import RESNET20 as R20
 from addernet.analysis.layer_shapes import with_batch
 from addernet.errors import reported
 from addernet.models import build_model
+from addernet.ops.kernels import build, cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 # (name, batch, in, out, size, kernel, stride, padding): every ResNet-20 shape at batch 64, five ResNet-50 at 8
@@ -149,6 +158,35 @@ def bench(shapes, repeats, ref_limit_gb, ref_repeats):
         rows.append(row)
         print(_format_row(row), flush=True)
     return rows
+
+
+def kernel_throughput(shapes, isas, repeats):
+    """Print G elements/s of cpu.forward and cpu.grad_input per shape and instruction set (1 thread, thread CPU
+    time, the instruction sets interleaved in each round)."""
+    torch.set_num_threads(1)
+    print(f"# float kernels, float32, 1 thread, thread CPU time, median (min-max) of {repeats} | {build.machine(1)}")
+    print("| shape | batch | " + " | ".join(f"{i} fwd G/s | {i} grad_in G/s" for i in isas) + " |")
+    print("|---|---" + "|---|---" * len(isas) + "|")
+    for name, n, cin, cout, size, k, s, p in shapes:
+        torch.manual_seed(0)
+        x, w = torch.randn(n, cin, size, size), torch.randn(cout, cin, k, k)
+        conf = ((s, s), (p, p), (1, 1), 1)
+        g = torch.randn_like(cpu.forward(x, w, *conf))
+        work = g.numel() * cin * k * k / 1e9
+        calls = {"fwd": lambda: cpu.forward(x, w, *conf), "gin": lambda: cpu.grad_input(x, w, g, *conf)}
+        rates = {(i, c): [] for i in isas for c in calls}
+        for r in range(repeats + 1):  # the first round builds the kernels and warms the caches
+            for i in isas:
+                os.environ["ADDERNET_CPU_ISA"] = i
+                for c, fn in calls.items():
+                    t = time.thread_time()
+                    fn()
+                    if r:
+                        rates[i, c].append(work / (time.thread_time() - t))
+        cells = [f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" for v in rates.values()]
+        print(f"| {name} | {n} | " + " | ".join(cells) + " |", flush=True)
+    os.environ.pop("ADDERNET_CPU_ISA")
+    print(f"# after: {build.machine(1)}")
 
 
 def model_step(batch, repeats, layers=("adder", "conv")):
@@ -302,6 +340,7 @@ def main():
     ap.add_argument("--step-rounds", type=int, default=5, help="interleaved rounds of the whole-step timing (0: skip)")
     ap.add_argument("--train-rounds", type=int, default=3, help="interleaved rounds of train.py (0: skip)")
     ap.add_argument("--train-size", type=int, default=2560, help="FakeData images per train.py epoch")
+    ap.add_argument("--kernels", help="only the float kernels' throughput for these instruction sets, e.g. native,avx2")
     ap.add_argument("--child-step", choices=("adder", "conv"), help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=64, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -313,6 +352,8 @@ def main():
         return
     shapes = [RESNET20[0], RESNET20[4], RESNET20[5]] if args.quick else RESNET20 + RESNET50
     repeats = args.repeats or (5 if args.quick else 15)
+    if args.kernels:
+        return kernel_throughput(RESNET20 if args.quick else RESNET20 + RESNET50, args.kernels.split(","), repeats)
     if args.threads:
         torch.set_num_threads(args.threads)
     pinned = _pin_malloc()
@@ -325,10 +366,7 @@ def main():
         "malloc_pinned": pinned,
         "load_before": os.getloadavg(),
     }
-    print(
-        f"# {meta['date']}  torch {meta['torch']}  threads {meta['threads']}  repeats {repeats}  "
-        f"loadavg {meta['load_before'][0]:.1f}"
-    )
+    print(f"# {meta['date']}  torch {meta['torch']}  repeats {repeats}  {build.machine(meta['threads'])}")
     print("# times: median fwd+bwd wall ms (± half the interquartile range); memory: peak RSS rise, MiB")
     print(HEADER)
     rows = [] if args.no_layers else bench(shapes, repeats, args.ref_limit_gb, min(args.ref_repeats, repeats))

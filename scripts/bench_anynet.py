@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from addernet import AdaptiveLR
 from addernet.errors import reported
 from addernet.models import build_model
+from addernet.ops.kernels import build
 
 PAIRS = {
     "vit": (dict(name="vit", num_classes=10, in_channels=1, image_size=28), (1, 28, 28)),
@@ -87,7 +88,9 @@ def main():
         "repeats": args.repeats,
         "load_before": _load(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": build.machine(args.threads),
     }
+    print(f"{out['date']} | {out['machine']}", flush=True)
     for name, (spec, shape) in PAIRS.items():
         if args.only and name != args.only:
             continue

@@ -27,7 +27,11 @@ The quantised AdderNets come from --q8/--q4 (quantised checkpoints of scripts/qu
 from a randomly initialised ResNet-20 quantised on random images (the speed does not depend on it).
 
     python scripts/bench_quant.py --whole-model [--q8 PATH] [--q4 PATH] [--rounds N] [--reps N]
-        [--thread-list 2,1] [--models conv,q8 int,...] [--json PATH]
+        [--thread-list 2,1] [--models conv,q8 int,...] [--isa-list native,avx2] [--json PATH]
+
+--isa-list runs every adder-side model once per kernel instruction set (ADDERNET_CPU_ISA, see
+docs/adder_layer.md), labelled "model [isa]", in the same interleaved rounds: on an AVX-512 host,
+native,avx2 compares the AVX-512 kernels with the AVX2 ones.
 """
 
 import argparse
@@ -47,7 +51,7 @@ from omegaconf import OmegaConf
 from addernet.errors import reported
 from addernet.models import build_model
 from addernet.ops import Adder2d
-from addernet.ops.kernels import int_cpu
+from addernet.ops.kernels import build, int_cpu
 from addernet.quant import IntegerResNet, load_quantized_into, quantize_model
 from addernet.quant.convert import quantize_layer
 
@@ -165,17 +169,20 @@ def whole_model(a):
     load0 = os.getloadavg()
     print(
         f"{datetime.date.today()} | torch {torch.__version__} | ResNet-20, CIFAR 32x32 | {a.rounds} rounds, fresh "
-        f"process per model and round | load average before {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}",
+        f"process per model and round | {build.machine(a.thread_list_arg)}",
         flush=True,
     )
-    models = [m for m in MODELS if m in a.models]
-    runs = {m: [] for m in models}
+    isas = a.isa_list.split(",") if a.isa_list else [None]
+    models = [(m, isa) for m in MODELS if m in a.models for isa in (isas if m.startswith(("adder", "q")) else [None])]
+    label = {(m, isa): m if isa is None else f"{m} [{isa}]" for m, isa in models}
+    runs = {label[k]: [] for k in models}
     for r in range(a.rounds):
-        order = models[r % len(models) :] + models[: r % len(models)]
-        for m in order:
+        for m, isa in models[r % len(models) :] + models[: r % len(models)]:
             cmd = [sys.executable, __file__, "--worker", m, "--reps", str(a.reps), "--thread-list", a.thread_list_arg]
             cmd += [f for flag, v in (("--q8", a.q8), ("--q4", a.q4)) if v for f in (flag, v)]
-            res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
+            env = {**os.environ, "OMP_NUM_THREADS": "2", **({"ADDERNET_CPU_ISA": isa} if isa else {})}
+            res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            m = label[m, isa]
             if res.returncode != 0:
                 raise SystemExit(f"bench_quant.py: worker {m} failed: {res.stderr.strip()[-800:]}")
             runs[m].append(json.loads(res.stdout.strip().splitlines()[-1]))
@@ -187,6 +194,7 @@ def whole_model(a):
         v = [run[key][i] * 1e3 for run in runs[m]]
         return statistics.median(v), (max(v) - min(v)) / 2
 
+    models = list(runs)
     keys = [f"{t},{b}" for t in a.thread_list for b in BATCHES]
     head = [f"batch {b} {'ms' if b == 1 else 'img/s'} ({t} thr)" for t in a.thread_list for b in BATCHES]
     print("\n| model | " + " | ".join(head) + " | batch 1 cpu ms | batch 64 cpu ms/img |")
@@ -230,6 +238,7 @@ def main():
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per process in --whole-model")
     p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset for --whole-model")
     p.add_argument("--thread-list", dest="thread_list_arg", default="2,1", help="thread counts for --whole-model")
+    p.add_argument("--isa-list", help="kernel instruction sets for the adder-side models, e.g. native,avx2")
     p.add_argument("--worker", choices=MODELS, help=argparse.SUPPRESS)
     a = p.parse_args()
     a.models = a.models.split(",")
@@ -241,8 +250,8 @@ def main():
     torch.set_num_threads(a.threads)
     load0 = os.getloadavg()
     print(
-        f"{datetime.date.today()} | torch {torch.__version__} | threads {a.threads} | load average before "
-        f"{load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} | qadder: 8 bits, G={a.groups}"
+        f"{datetime.date.today()} | torch {torch.__version__} | {build.machine(a.threads)} | "
+        f"qadder: 8 bits, G={a.groups}"
     )
     print(
         "| shape | batch | conv ms | adder (float) ms | int8 sum ms | qadder ms | adder / int8 sum | adder / qadder |"

@@ -1,39 +1,68 @@
-/* Peak throughput of the adder kernels' instruction mixes on this CPU (AVX2 + FMA), per core.
- * Measures the clock with a chain of dependent integer adds (1 cycle each) and, in thread CPU
- * time, each mix over 6 independent accumulators held in registers; the kernels' throughput in
- * docs/benchmarks.md is quoted as a fraction of these. Build and run:
+/* Peak throughput of the adder kernels' instruction mixes on this CPU, per core: AVX2 + FMA, and AVX-512
+ * (F/BW/DQ) when built for a CPU that has it. Measures the clock with a chain of dependent integer adds
+ * (1 cycle each) and, in thread CPU time, each mix over independent accumulators held in registers (6
+ * for AVX2's 16 registers, 12 for AVX-512's 32); the kernels' throughput in docs/benchmarks.md is quoted
+ * as a fraction of these. Build and run:
  *     cc -O3 -march=native scripts/cpu_peak.c -o /tmp/cpu_peak && /tmp/cpu_peak
- * (the 6 chains cap the fma-only line at 12 of the 16 lanes/cycle two FMA pipes give).
- * The last line is the integer kernel's inner step (adder_int.c): vpsadbw (32 absolute byte
- * differences summed into 4 64-bit lanes) and vpaddq into the accumulator, in absolute differences. */
+ * (6 chains cap the AVX2 fma-only line at 12 of the 16 lanes/cycle two FMA pipes give; 12 chains do not).
+ * The "sad" lines are the integer kernel's inner step (adder_int.c): vpsadbw (32 or 64 absolute byte
+ * differences summed into 64-bit lanes) and vpaddq into the accumulator, in absolute differences. */
 #include <immintrin.h>
 #include <stdio.h>
 #include <time.h>
 static double now(){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);return t.tv_sec+t.tv_nsec*1e-9;}
 #define N 400000000L /* elements per mix */
-#define K 6
+
+/* Every mix for vectors of W bits (256 or 512) over K accumulators; F(op) is the intrinsic _mmW_op. */
+#define CAT3(a, b, c) a##b##c
+#define F_(W, op) CAT3(_mm, W, op)
+#define MIXES(W, K, LANES)                                                                                  \
+  do {                                                                                                      \
+    printf("%d-bit vectors, %d accumulators\n", W, K);                                                      \
+    __m##W acc[K], x[K]; const __m##W m = F_(W, _castsi##W##_ps)(F_(W, _set1_epi32)(0x7fffffff));           \
+    for (int k = 0; k < K; k++) x[k] = F_(W, _set1_ps)(k * 0.1f);                                           \
+    __m##W w = F_(W, _set1_ps)(0.3f), one = F_(W, _set1_ps)(1.f), nw = F_(W, _set1_ps)(-0.3f);              \
+    __m##W mo = F_(W, _set1_ps)(-1.f), g = F_(W, _set1_ps)(0.5f);                                           \
+    RUN(W, K, LANES, "fwd: sub, and, add", F_(W, _add_ps)(acc[k], F_(W, _and_ps)(F_(W, _sub_ps)(x[k], w), m))) \
+    RUN(W, K, LANES, "fwd: fma(x,1,-w), and, add",                                                         \
+        F_(W, _add_ps)(acc[k], F_(W, _and_ps)(F_(W, _fmadd_ps)(x[k], one, nw), m)))                         \
+    RUN(W, K, LANES, "gin: sub, max, min, fma",                                                            \
+        F_(W, _fmadd_ps)(g, F_(W, _min_ps)(F_(W, _max_ps)(F_(W, _sub_ps)(w, x[k]), mo), one), acc[k]))      \
+    RUN(W, K, LANES, "gin: fma(w,1,-x),max,min,fma",                                                       \
+        F_(W, _fmadd_ps)(g, F_(W, _min_ps)(F_(W, _max_ps)(F_(W, _fmadd_ps)(w, one, x[k]), mo), one), acc[k])) \
+    RUN(W, K, LANES, "conv: fma", F_(W, _fmadd_ps)(w, x[k], acc[k]))                                        \
+    RUN(W, K, LANES, "add only", F_(W, _add_ps)(acc[k], x[k]))                                              \
+    __m##W##i ia[K], ix[K], iw = F_(W, _set1_epi8)(3);                                                      \
+    for (int k = 0; k < K; k++) { ia[k] = F_(W, _setzero_si##W)(); ix[k] = F_(W, _set1_epi8)((char)k); }    \
+    double t = now();                                                                                       \
+    for (long i = 0; i < N / K / (W / 8); i++) {                                                            \
+      __asm__("" : "+x"(iw));                                                                               \
+      _Pragma("GCC unroll 12") for (int k = 0; k < K; k++) ia[k] = F_(W, _add_epi64)(ia[k], F_(W, _sad_epu8)(ix[k], iw)); \
+    }                                                                                                       \
+    double dt = now() - t; long long r = 0;                                                                 \
+    for (int k = 0; k < K; k++) r += ia[k][0];                                                              \
+    printf("%-28s %6.2f G elem/s = %.2f elem/cycle (%lld)\n", "sad: vpsadbw, vpaddq (u8)", N / dt / 1e9,    \
+           N / dt / 1e9 / ghz, r);                                                                          \
+  } while (0)
+#define RUN(W, K, LANES, label, body)                                                                       \
+  {                                                                                                         \
+    for (int k = 0; k < K; k++) acc[k] = F_(W, _setzero_ps)();                                              \
+    double t = now();                                                                                       \
+    for (long i = 0; i < N / K / LANES; i++) {                                                              \
+      __asm__("" : "+x"(w), "+x"(nw), "+x"(one), "+x"(g));                                                  \
+      _Pragma("GCC unroll 12") for (int k = 0; k < K; k++) acc[k] = body;                                   \
+    }                                                                                                       \
+    double dt = now() - t; float s = 0;                                                                     \
+    for (int k = 0; k < K; k++) s += acc[k][0];                                                             \
+    printf("%-28s %6.2f G elem/s = %.2f elem/cycle (%g)\n", label, N / dt / 1e9, N / dt / 1e9 / ghz, s);    \
+  }
+
 int main(){
   long v=0; double t=now();
   for(long i=0;i<N;i+=8) __asm__ volatile("add $1,%0\n\tadd $1,%0\n\tadd $1,%0\n\tadd $1,%0\n\tadd $1,%0\n\tadd $1,%0\n\tadd $1,%0\n\tadd $1,%0":"+r"(v));
   double dt=now()-t; double ghz=N/dt/1e9; printf("integer add chain (1 cycle each): %.2f GHz\n", ghz);
-  __m256 acc[K], x[K]; __m256 m=_mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  for(int k=0;k<K;k++){acc[k]=_mm256_setzero_ps(); x[k]=_mm256_set1_ps(k*0.1f);}
-  __m256 w=_mm256_set1_ps(0.3f), one=_mm256_set1_ps(1.f), nw=_mm256_set1_ps(-0.3f), mo=_mm256_set1_ps(-1.f), g=_mm256_set1_ps(0.5f);
-  float s;
-#define RUN(label, body) for(int k=0;k<K;k++)acc[k]=_mm256_setzero_ps(); t=now(); \
-  for(long i=0;i<N/K/8;i++){ __asm__("":"+x"(w),"+x"(nw),"+x"(one),"+x"(g)); _Pragma("GCC unroll 8") for(int k=0;k<K;k++) acc[k]=body; } \
-  dt=now()-t; s=0; for(int k=0;k<K;k++) s+=acc[k][0]; \
-  printf("%-28s %6.2f G elem/s = %.2f elem/cycle (%g)\n", label, N/dt/1e9, N/dt/1e9/ghz, s);
-  RUN("fwd: sub, and, add", _mm256_add_ps(acc[k], _mm256_and_ps(_mm256_sub_ps(x[k],w),m)))
-  RUN("fwd: fma(x,1,-w), and, add", _mm256_add_ps(acc[k], _mm256_and_ps(_mm256_fmadd_ps(x[k],one,nw),m)))
-  RUN("gin: sub, max, min, fma", _mm256_fmadd_ps(g,_mm256_min_ps(_mm256_max_ps(_mm256_sub_ps(w,x[k]),mo),one),acc[k]))
-  RUN("gin: fma(w,1,-x),max,min,fma", _mm256_fmadd_ps(g,_mm256_min_ps(_mm256_max_ps(_mm256_fmadd_ps(w,one,x[k]),mo),one),acc[k]))
-  RUN("conv: fma", _mm256_fmadd_ps(w,x[k],acc[k]))
-  RUN("add only", _mm256_add_ps(acc[k], x[k]))
-  __m256i ia[K], ix[K], iw=_mm256_set1_epi8(3);
-  for(int k=0;k<K;k++){ia[k]=_mm256_setzero_si256(); ix[k]=_mm256_set1_epi8((char)k);}
-  t=now();
-  for(long i=0;i<N/K/32;i++){ __asm__("":"+x"(iw)); _Pragma("GCC unroll 8") for(int k=0;k<K;k++) ia[k]=_mm256_add_epi64(ia[k],_mm256_sad_epu8(ix[k],iw)); }
-  dt=now()-t; long long r=0; for(int k=0;k<K;k++) r+=_mm256_extract_epi64(ia[k],0);
-  printf("%-28s %6.2f G elem/s = %.2f elem/cycle (%lld)\n", "sad: vpsadbw, vpaddq (u8)", N/dt/1e9, N/dt/1e9/ghz, r);
+  MIXES(256, 6, 8);
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+  MIXES(512, 12, 16);
+#endif
 }

@@ -275,7 +275,7 @@ class IntegerResNet(nn.Module):
             )
         offsets, rows_off = _assign(bufs)
         max_rows = max((o["n_planes"] * o["Kp"] for o in ops if o["kind"] == int_cpu.OP_ADDER), default=0)
-        ws_bytes = rows_off + 2 * max_rows * elem + 64  # PT = 2 rows per plane
+        ws_bytes = rows_off + int_cpu.pixel_tile() * max_rows * elem + 64  # a tile's rows per plane
         c_ops = (int_cpu.IntnetOp * len(ops))()
         keep = []
         for co, o in zip(c_ops, ops):

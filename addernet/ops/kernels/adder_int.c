@@ -27,17 +27,37 @@
 static int omp_get_thread_num(void) { return 0; }
 #endif
 
-#if defined(__AVX2__)
-#include <immintrin.h>
-#define SADB 32
+/* The path is chosen at compile time (build.py's ADDERNET_CPU_ISA picks the -march flags):
+ * INT_AVX512 (AVX-512BW), INT_AVX2, INT_SSE2, or the plain C loop (ADDERNET_PLAIN_C forces it). */
+#if defined(ADDERNET_PLAIN_C)
+#elif defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
+#define INT_AVX512 1
+#define INT_AVX2 1 /* AVX-512 hosts also have every AVX2 instruction (copy, epilogue, tail) */
+#define INT_SSE2 1
+#elif defined(__AVX2__)
+#define INT_AVX2 1
+#define INT_SSE2 1
 #elif defined(__SSE2__)
+#define INT_SSE2 1
+#endif
+
+#if defined(INT_AVX2)
+#include <immintrin.h>
+#define SADB 32 /* row alignment: the AVX-512 tile steps 64 bytes, with one 32-byte step at the end */
+#elif defined(INT_SSE2)
 #include <emmintrin.h>
 #define SADB 16
 #else
 #define SADB 16
 #endif
 
-#define PT 2 /* pixels per tile */
+/* PT pixels x OT filters per tile: 4 x 4 64-bit-lane accumulators + 4 weights + 1 row fit the 32 zmm
+ * registers; 2 x 4 + 4 + 1 fit the 16 ymm/xmm ones. */
+#if defined(INT_AVX512)
+#define PT 4
+#else
+#define PT 2
+#endif
 #define OT 4 /* filters per tile */
 
 /* memcpy for the short runs of gather: 16-byte moves instead of a libc call per kernel tap. */
@@ -45,7 +65,7 @@ static inline void copy_bytes(void *dst, const void *src, size_t n) {
     uint8_t *d = dst;
     const uint8_t *p = src;
     size_t k = 0;
-#if defined(__SSE2__)
+#if defined(INT_SSE2)
     for (; k + 16 <= n; k += 16) _mm_storeu_si128((__m128i *)(d + k), _mm_loadu_si128((const __m128i *)(p + k)));
 #endif
     for (; k < n; k++) d[k] = p[k];
@@ -100,13 +120,19 @@ GATHER(uint16_t)
     }
 SAD_TILE_C(uint16_t)
 
-#if defined(__AVX2__)
+#if defined(INT_AVX512)
+typedef __m512i svec;
+#define SLOAD(p) _mm512_loadu_si512((const void *)(p))
+#define SAD(a, b) _mm512_sad_epu8((a), (b))
+#define ADD64(a, b) _mm512_add_epi64((a), (b))
+#define ZERO() _mm512_setzero_si512()
+#elif defined(INT_AVX2)
 typedef __m256i svec;
 #define SLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 #define SAD(a, b) _mm256_sad_epu8((a), (b))
 #define ADD64(a, b) _mm256_add_epi64((a), (b))
 #define ZERO() _mm256_setzero_si256()
-#elif defined(__SSE2__)
+#elif defined(INT_SSE2)
 typedef __m128i svec;
 #define SLOAD(p) _mm_loadu_si128((const __m128i *)(p))
 #define SAD(a, b) _mm_sad_epu8((a), (b))
@@ -114,10 +140,16 @@ typedef __m128i svec;
 #define ZERO() _mm_setzero_si128()
 #endif
 
-#if defined(__SSE2__)
+#if defined(INT_SSE2)
 /* Fold four accumulators of 64-bit lanes (each lane < 2^32) into four int32 sums. */
 static inline void fold4(svec a, svec b, svec c, svec d, int32_t *out) {
-#if defined(__AVX2__)
+#if defined(INT_AVX512)
+    const __m512i ab = _mm512_or_si512(a, _mm512_slli_epi64(b, 32)); /* a0 b0 a1 b1 | ... (4 x 128 bits) */
+    const __m512i cd = _mm512_or_si512(c, _mm512_slli_epi64(d, 32));
+    const __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+    const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+    const __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+#elif defined(INT_AVX2)
     const __m256i ab = _mm256_or_si256(a, _mm256_slli_epi64(b, 32)); /* a0 b0 a1 b1 | a2 b2 a3 b3 */
     const __m256i cd = _mm256_or_si256(c, _mm256_slli_epi64(d, 32));
     const __m256i s = _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
@@ -138,7 +170,8 @@ static void sad_tile_u8(const uint8_t *rows, const uint8_t *w, int64_t Kp, int32
     for (int t = 0; t < PT; t++)
 #pragma GCC unroll 8
         for (int o = 0; o < OT; o++) a[t][o] = ZERO();
-    for (int64_t k = 0; k < Kp; k += SADB) {
+    int64_t k = 0;
+    for (; k + (int64_t)sizeof(svec) <= Kp; k += sizeof(svec)) {
         svec wv[OT];
 #pragma GCC unroll 8
         for (int o = 0; o < OT; o++) wv[o] = SLOAD(w + o * Kp + k);
@@ -149,6 +182,20 @@ static void sad_tile_u8(const uint8_t *rows, const uint8_t *w, int64_t Kp, int32
             for (int o = 0; o < OT; o++) a[t][o] = ADD64(a[t][o], SAD(xv, wv[o]));
         }
     }
+#if defined(INT_AVX512)
+    if (k < Kp) { /* Kp is a multiple of 32: one 32-byte step left, zero-extended into the accumulators */
+        __m256i wv[OT];
+#pragma GCC unroll 8
+        for (int o = 0; o < OT; o++) wv[o] = _mm256_loadu_si256((const __m256i *)(w + o * Kp + k));
+#pragma GCC unroll 8
+        for (int t = 0; t < PT; t++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(rows + t * Kp + k));
+#pragma GCC unroll 8
+            for (int o = 0; o < OT; o++)
+                a[t][o] = ADD64(a[t][o], _mm512_zextsi256_si512(_mm256_sad_epu8(xv, wv[o])));
+        }
+    }
+#endif
 #pragma GCC unroll 8
     for (int t = 0; t < PT; t++) fold4(a[t][0], a[t][1], a[t][2], a[t][3], acc[t]);
 }
@@ -203,9 +250,23 @@ int adder_int_forward(const void *x, const void *w, int32_t *y, const int64_t *s
     return err;
 }
 
-/* Row alignment in elements (Python pads K to a multiple of it) and the tile's filter count. */
+/* Row alignment in elements (Python pads K to a multiple of it), the tile's filter and pixel counts. */
 int adder_int_row_align(void) { return SADB; }
 int adder_int_filter_tile(void) { return OT; }
+int adder_int_pixel_tile(void) { return PT; }
+
+/* The compiled path, for tests and benchmark reports: avx512, avx2, sse2 or plain C. */
+const char *adder_int_path(void) {
+#if defined(INT_AVX512)
+    return "avx512";
+#elif defined(INT_AVX2)
+    return "avx2";
+#elif defined(INT_SSE2)
+    return "sse2";
+#else
+    return "plain C";
+#endif
+}
 
 /* ---- Integer network --------------------------------------------------------------------------
  * A quantised network's integer region in one call (addernet/quant/intnet.py builds the ops).

@@ -8,6 +8,13 @@ It is written to a temporary file and renamed into place, so concurrent processe
 ranks) are safe. Delete the cache directory (or set ADDERNET_REBUILD=1) to force a rebuild;
 set CC to choose the compiler.
 
+ADDERNET_CPU_ISA (or the `isa` argument) chooses the instruction set the kernels are compiled for:
+native (default: -march=native, the best path this CPU has), or one of avx512, avx2, sse2, scalar to
+build a lower path than the host's, so that one machine can test every path (scalar is the plain-C
+code other architectures run). A path is compiled on any x86-64 host; loading one whose CPU flags
+this machine lacks raises BuildError naming the missing flag instead of crashing on an illegal
+instruction.
+
 It is built with -fopenmp when the compiler supports it: the library then links libgomp.so.1, and
 the dynamic loader hands it the copy torch already loaded, so the kernels run on torch's own
 OpenMP threads instead of a second pool that would fight torch's spin-waiting workers for the cores.
@@ -17,16 +24,26 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from ...errors import BuildError
+from ...errors import BuildError, ConfigError
 
 # library name -> its sources (the first is compiled; the rest are headers it includes)
 SOURCES = {"adder_cpu": ("adder_cpu.c", "adder_cpu_body.h"), "adder_int": ("adder_int.c", "adder_intnet_body.h")}
-FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=gnu11")  # no -ffast-math: see adder_cpu.c
+FLAGS = ("-O3", "-fPIC", "-shared", "-std=gnu11")  # no -ffast-math: see adder_cpu.c
+# instruction set -> (compiler flags, /proc/cpuinfo flags a CPU needs to run the result); the x86-64-vN
+# levels are the psABI's, and their flags are those levels' required features
+ISAS = {
+    "native": (("-march=native",), ()),
+    "avx512": (("-march=x86-64-v4", "-mtune=native"), ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")),
+    "avx2": (("-march=x86-64-v3", "-mtune=native"), ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe")),
+    "sse2": (("-march=x86-64", "-mtune=native"), ("sse2",)),
+    "scalar": (("-march=x86-64", "-mtune=native", "-DADDERNET_PLAIN_C"), ()),
+}
 OPENMP = ("-fopenmp",)  # tried first; without it the kernels run on a Python thread pool (cpu.py)
 
 
@@ -45,17 +62,73 @@ def _cpu_fingerprint():
         return os.uname().machine
 
 
-@functools.lru_cache(maxsize=None)
-def load_library(name="adder_cpu"):
+def cpu_isa(isa=None):
+    """The instruction set to build for: `isa`, else $ADDERNET_CPU_ISA, else native (ConfigError if unknown)."""
+    isa = isa or os.environ.get("ADDERNET_CPU_ISA") or "native"
+    if isa not in ISAS:
+        raise ConfigError(f"ADDERNET_CPU_ISA={isa!r} is not one of {', '.join(ISAS)}; unset it to use native")
+    return isa
+
+
+def missing_cpu_flags(isa):
+    """The CPU flags `isa` needs that this machine lacks (all of them when it is not x86-64)."""
+    have = set(_cpu_fingerprint().split(":", 1)[-1].split())
+    if isa != "native" and platform.machine() not in ("x86_64", "AMD64"):
+        return [f"x86-64 (this is {platform.machine()})"]
+    return [flag for flag in ISAS[isa][1] if flag not in have]
+
+
+def machine(threads):
+    """One line for benchmark output: CPU model, the kernels' instruction set, threads, load average."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    flags = set(_cpu_fingerprint().split(":", 1)[-1].split())
+    simd = " ".join(f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "amx_tile") if f in flags)
+    load = " ".join(f"{v:.2f}" for v in os.getloadavg())
+    return (
+        f"CPU {model or platform.machine()} ({simd or 'no AVX2/AVX-512'}) | kernels ADDERNET_CPU_ISA={cpu_isa()} | "
+        f"{threads} threads | load average {load}"
+    )
+
+
+def load_library(name="adder_cpu", isa=None):
     """Return the ctypes library `name` (adder_cpu: float kernels, adder_int: the integer kernel of
-    quantised layers), compiling it into the cache first if needed (raises BuildError)."""
+    quantised layers) built for `isa` (see cpu_isa), compiling it into the cache first if needed
+    (raises BuildError, also when this CPU cannot run that instruction set)."""
+    isa = cpu_isa(isa)
+    missing = missing_cpu_flags(isa)
+    if missing:
+        raise BuildError(
+            f"the {isa} kernel needs CPU flag {', '.join(missing)}, which this CPU lacks; "
+            "unset ADDERNET_CPU_ISA or choose a lower one"
+        )
+    return _load(name, isa)
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name, isa):
+    target = build_library(name, isa)
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as e:
+        raise BuildError(f"cannot load {target}: {e}") from e
+
+
+def build_library(name="adder_cpu", isa=None):
+    """Compile library `name` for `isa` into the cache if needed and return its path, without loading it
+    (so a path this CPU cannot run is still compile-checked). Raises BuildError."""
+    isa = cpu_isa(isa)
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise BuildError(f"C compiler {cc!r} not found")
+    flags = FLAGS + ISAS[isa][0]
     try:
-        return _build(cc, FLAGS + OPENMP, name)
+        return _build(cc, flags + OPENMP, name)
     except BuildError:  # a compiler without OpenMP: the serial build still works
-        return _build(cc, FLAGS, name)
+        return _build(cc, flags, name)
 
 
 def _build(cc, flags, name="adder_cpu"):
@@ -80,7 +153,4 @@ def _build(cc, flags, name="adder_cpu"):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-    try:
-        return ctypes.CDLL(str(target))
-    except OSError as e:
-        raise BuildError(f"cannot load {target}: {e}") from e
+    return target

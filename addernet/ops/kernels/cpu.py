@@ -15,16 +15,21 @@ import torch
 import torch.nn.functional as F
 
 from ..conv_args import compute_dtype, out_hw
-from .build import load_library
+from .build import cpu_isa, load_library
 
 _KERNEL_DTYPES = {torch.float32: "_f", torch.float64: "_d"}
 _pool = (None, 0, 0)  # (executor, workers, pid)
 SERIAL_WORK = 1 << 20
 
 
-@functools.lru_cache(maxsize=None)
 def _lib():
-    lib = load_library()
+    """The kernel library for the instruction set chosen now (build.cpu_isa: $ADDERNET_CPU_ISA)."""
+    return _bind(cpu_isa())
+
+
+@functools.lru_cache(maxsize=None)
+def _bind(isa):
+    lib = load_library(isa=isa)
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     for suf in _KERNEL_DTYPES.values():
         getattr(lib, "adder_forward" + suf).argtypes = [p, p, p, p, p, p, i64, i64, i64, i64]
@@ -34,7 +39,13 @@ def _lib():
         for name in ("adder_forward", "adder_grad_input", "adder_forward_ranges", "adder_grad_input_ranges"):
             getattr(lib, name + suf).restype = ctypes.c_int
     lib.adder_vbytes.restype = ctypes.c_int
+    lib.adder_path.restype = ctypes.c_char_p
     return lib
+
+
+def path():
+    """The compiled path in use: avx512, avx2, sse2 or plain C."""
+    return _lib().adder_path().decode()
 
 
 def available():

@@ -11,20 +11,32 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .build import load_library
+from .build import cpu_isa, load_library
 
 LANES = {torch.uint8: 1, torch.uint16: 2}
 SERIAL_WORK = 1 << 20  # abs-differences below which one thread is faster than waking the others
 
 
-@functools.lru_cache(maxsize=None)
 def _lib():
-    lib = load_library("adder_int")
+    """The kernel library for the instruction set chosen now (build.cpu_isa: $ADDERNET_CPU_ISA)."""
+    return _bind(cpu_isa())
+
+
+@functools.lru_cache(maxsize=None)
+def _bind(isa):
+    lib = load_library("adder_int", isa)
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.adder_int_forward.argtypes = [p, p, p, p, ctypes.c_int, p, i64, ctypes.c_int]
-    for name in ("adder_int_forward", "adder_int_row_align", "adder_int_filter_tile", "adder_int_openmp"):
+    names = ("adder_int_forward", "adder_int_row_align", "adder_int_filter_tile", "adder_int_pixel_tile")
+    for name in names + ("adder_int_openmp",):
         getattr(lib, name).restype = ctypes.c_int
+    lib.adder_int_path.restype = ctypes.c_char_p
     return lib
+
+
+def path():
+    """The compiled path in use: avx512, avx2, sse2 or plain C."""
+    return _lib().adder_int_path().decode()
 
 
 def available():
@@ -142,9 +154,13 @@ class IntnetOp(ctypes.Structure):
     ]
 
 
-@functools.lru_cache(maxsize=None)
 def _net_lib():
-    lib = _lib()
+    return _bind_net(cpu_isa())
+
+
+@functools.lru_cache(maxsize=None)
+def _bind_net(isa):
+    lib = _bind(isa)
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.adder_intnet_forward.argtypes = [p, i64, ctypes.c_int, p, i64, p, i64, i64, p, i64, p, i64, i64, ctypes.c_int]
     for name in ("adder_intnet_forward", "adder_intnet_max_outputs", "adder_intnet_op_size"):
@@ -160,6 +176,10 @@ def filter_tile():
 
 def row_align():
     return _lib().adder_int_row_align()
+
+
+def pixel_tile():
+    return _lib().adder_int_pixel_tile()
 
 
 def run_network(ops, lane, x, out, buf_off, ws_bytes, rows_off, threads=None):

@@ -1,0 +1,136 @@
+"""Every compiled path of the C kernels (AVX-512, AVX2, SSE2, plain C; build.py's ADDERNET_CPU_ISA) on
+this host: each is compiled; each this CPU can run is checked against the float64 references (float
+forward and every gradient, integer kernel, integer network); a path it cannot run is skipped with
+the missing CPU flag. The test ids name the path, so the output says which paths ran."""
+
+import platform
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from addernet import adder2d
+from addernet.errors import BuildError, ConfigError
+from addernet.ops.kernels import build, cpu, int_cpu
+from addernet.quant import IntegerResNet
+
+from test_quant import int_reference
+from test_quant_intnet import _images, _quantised_resnet20, _reference, _rel
+
+PATHS = {"avx512": "avx512", "avx2": "avx2", "sse2": "sse2", "scalar": "plain C"}  # ISA -> path it reports
+
+
+@pytest.fixture(params=list(PATHS))
+def isa(request, monkeypatch):
+    """Compile both kernel libraries for the ISA, then select it for the test (skip if this CPU cannot run it);
+    two threads and no serial cut-off, so the batch and pixel splits run on every path."""
+    name = request.param
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"the {name} path is x86-64 code; this host is {platform.machine()}")
+    for lib in build.SOURCES:
+        build.build_library(lib, name)  # compile check on any x86-64 host (raises BuildError)
+    missing = build.missing_cpu_flags(name)
+    if missing:
+        pytest.skip(f"{name} path compiled only: this CPU lacks {', '.join(missing)}")
+    monkeypatch.setenv("ADDERNET_CPU_ISA", name)
+    monkeypatch.setenv("ADDERNET_BACKEND", "fast")
+    monkeypatch.setattr(cpu, "SERIAL_WORK", 0)
+    monkeypatch.setattr(int_cpu, "SERIAL_WORK", 0)
+    assert cpu.path() == PATHS[name] and int_cpu.path() == PATHS[name]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield name
+    torch.set_num_threads(threads)
+
+
+def _fwd_bwd(x, w, conf, gy, backend, monkeypatch):
+    monkeypatch.setenv("ADDERNET_BACKEND", backend)
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    y = adder2d(x, w, None, *conf)
+    return (y.detach(), *torch.autograd.grad(y, (x, w), gy))
+
+
+# (N, Cin, Cout, H, W, kernel, stride, padding, dilation, groups): channel tails and both output-block
+# widths of every vector length, groups, depthwise, batch 1 (pixels split across threads) and batch 3
+FLOAT_CASES = [
+    (3, 40, 72, 9, 11, (3, 3), 2, 1, 1, 2),
+    (1, 6, 5, 7, 6, (3, 1), 1, 2, 2, 1),
+    (2, 4, 8, 5, 5, (3, 3), 1, 1, 1, 4),
+    (1, 19, 33, 6, 6, (1, 1), 1, 0, 1, 1),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_float_kernels_equal_the_float64_reference(isa, dtype, monkeypatch):
+    torch.manual_seed(0)
+    tol = {"rtol": 1e-11, "atol": 1e-11} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-4}
+    for n, cin, cout, h, wd, k, s, p, d, g in FLOAT_CASES:
+        x = torch.randn(n, cin, h, wd, dtype=torch.float64)
+        w = torch.randn(cout, cin // g, *k, dtype=torch.float64)
+        conf = (s, p, d, g)
+        gy = torch.randn_like(F.conv2d(x, w, None, *conf))
+        ref = _fwd_bwd(x, w, conf, gy, "reference", monkeypatch)
+        got = _fwd_bwd(x.to(dtype), w.to(dtype), conf, gy.to(dtype), "fast", monkeypatch)
+        for name, a, r in zip(("forward", "grad_input", "grad_weight"), got, ref):
+            # float32 sums of up to K = 180 terms of magnitude ~1: relative rounding well under 1e-5
+            scale = {} if dtype == torch.float64 else {"atol": tol["atol"] * r.abs().max().item()}
+            torch.testing.assert_close(
+                a.double(), r, **{**tol, **scale}, msg=lambda m: f"{name} {isa} {n, cin, k}: {m}"
+            )
+
+
+# (N, C, H, W, O, kernel, stride, padding, dilation, groups): K = 144 and 576 (64-byte steps with and
+# without the 32-byte tail), K = 3 (a single short row), groups, a filter count that is not a multiple
+# of the tile, batch 1 (pixels split across threads)
+INT_CASES = [
+    (2, 16, 9, 7, 5, (3, 3), (1, 1), (1, 1), (1, 1), 1),
+    (1, 64, 6, 6, 8, (3, 3), (2, 2), (1, 1), (1, 1), 1),
+    (3, 3, 5, 6, 7, (1, 1), (1, 1), (0, 0), (1, 1), 1),
+    (2, 12, 7, 7, 12, (3, 3), (1, 1), (1, 1), (1, 1), 3),
+]
+
+
+@pytest.mark.parametrize("lane", [torch.uint8, torch.uint16], ids=str)
+def test_integer_kernel_equals_the_integer_reference(isa, lane):
+    g = torch.Generator().manual_seed(1)
+    top = 256 if lane == torch.uint8 else 65536
+    for n, c, h, wd, o, k, s, p, d, groups in INT_CASES:
+        x = torch.randint(0, top, (n, c, h, wd), generator=g, dtype=torch.int32)
+        w = torch.randint(0, top, (o, c // groups, *k), generator=g, dtype=torch.int32)
+        y = int_cpu.forward(x.to(lane), w.to(lane), s, p, d, groups)
+        assert torch.equal(y.long(), int_reference(x, w, s, p, d, groups)), (isa, lane, n, c, k)
+
+
+@pytest.mark.parametrize("bits", [8, 12])
+def test_integer_network_equals_the_float64_reference_on_every_split(isa, bits, monkeypatch):
+    """Within float32 rounding of the float64 reference, and bit-identical to the plain-C path, for the
+    images split across threads, one image's pixels split across threads, and one thread."""
+    quantised = _quantised_resnet20(bits)
+    x = _images(3, 2)
+    net = IntegerResNet(quantised)  # packed for this path's row alignment and tile
+    whole = net.features(x)
+    single = torch.cat([net.features(x[i : i + 1]) for i in range(3)])
+    torch.set_num_threads(1)
+    serial = net.features(x)
+    assert torch.equal(whole, single) and torch.equal(whole, serial)
+    assert _rel(net(x), _reference(quantised, x)) < 3e-5
+    monkeypatch.setenv("ADDERNET_CPU_ISA", "scalar")
+    assert torch.equal(whole, IntegerResNet(quantised).features(x))
+
+
+def test_unknown_isa_is_a_config_error(monkeypatch):
+    monkeypatch.setenv("ADDERNET_CPU_ISA", "avx1024")
+    with pytest.raises(ConfigError, match="ADDERNET_CPU_ISA='avx1024' is not one of native, avx512"):
+        build.load_library()
+
+
+def test_a_path_this_cpu_lacks_is_refused_with_the_missing_flag(monkeypatch):
+    """Loading it would die on an illegal instruction; the error names the flag and the way out."""
+    monkeypatch.setattr(build, "_cpu_fingerprint", lambda: "flags\t\t: fpu sse sse2 avx avx2 fma")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    assert build.missing_cpu_flags("avx512") == ["avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"]
+    assert build.missing_cpu_flags("sse2") == [] and build.missing_cpu_flags("native") == []
+    with pytest.raises(
+        BuildError, match="avx512 kernel needs CPU flag avx512f, avx512bw.*lacks; unset ADDERNET_CPU_ISA"
+    ):
+        build.load_library("adder_int", "avx512")
