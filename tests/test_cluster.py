@@ -72,7 +72,7 @@ def test_submitit_local_runs_a_two_job_sweep_then_resumes_it(tmp_path):
     )
     table = run_train([str(sweep)], script=("scripts/summarize_runs.py",))
     assert table.returncode == 0, table.stdout + table.stderr
-    assert "| mean ± std (2 seeds) |" in table.stdout and table.stdout.count("| 1 | ") >= 2
+    assert "| mean ± std (2 of 2 seeds) |" in table.stdout and table.stdout.count("| 1 | ") >= 2
 
     resumed = run_train(args + ["trainer.epochs=2"], env=env, timeout=600)  # the same job dirs, one more epoch
     assert resumed.returncode == 0, resumed.stderr[-3000:]
