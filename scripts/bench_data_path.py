@@ -23,12 +23,9 @@ import tempfile
 from pathlib import Path
 
 from addernet.errors import reported
+from addernet.tools.bench import load
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load():
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]] if os.path.exists("/proc/loadavg") else []
 
 
 def one_epoch(preset, data_root, on_device, run_dir, threads, extra):
