@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from addernet.errors import reported
 from addernet.models import build_model
-from addernet.tools.bench import load
+from addernet.tools.bench import describe, load, metadata
 
 adder_module = importlib.import_module("addernet.ops.adder2d")  # the module (the package exports the function)
 
@@ -89,6 +89,7 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     x, y = torch.randn(a.batch, 3, 32, 32, device=device), torch.randint(0, 10, (a.batch,), device=device)
     modes = ("off", "bf16", "fp16", "bf16-rounded")
+    print(f"# {describe(metadata())}")
     print(
         f"load average before: {load()} | torch threads "
         f"{torch.get_num_threads()} | {a.model} batch {a.batch} on {device}"

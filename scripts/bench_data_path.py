@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from addernet.errors import reported
-from addernet.tools.bench import load
+from addernet.tools.bench import describe, load, metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,6 +101,8 @@ def main():
         return
     results = {"true": [], "false": []}
     before = load()
+    machine = metadata(args.threads)
+    print(f"# {describe(machine)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_data_") as tmp:
         for r in range(args.rounds):
             for on_device in ("true", "false"):
@@ -121,6 +123,7 @@ def main():
         "preset": args.preset,
         "threads": args.threads,
         "rounds": args.rounds,
+        "machine": machine,
         "load_before": before,
         "load_after": after,
     }

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from addernet.analysis.profile import CATEGORIES, category
 from addernet.errors import reported
-from addernet.tools.bench import load, run_child
+from addernet.tools.bench import describe, load, metadata, run_child
 
 
 def profile(layer, batch, steps, threads):
@@ -82,6 +82,7 @@ def main():
     if args.child:
         print(json.dumps(profile(args.child, args.batch, args.steps, args.threads)))
         return
+    print(f"# {describe(metadata(args.threads))}")
     load_before = load()
     res = {}
     for layer in ("adder", "conv"):

@@ -14,7 +14,7 @@ import torch.nn as nn
 from addernet import Adder2d
 from addernet.analysis.profile import CATEGORIES, category
 from addernet.ops.reference import adder2d_reference
-from addernet.tools.bench import busy, cpu_model, median_iqr, ratio_summary, ref_estimate_gb
+from addernet.tools.bench import busy, cpu_model, describe, median_iqr, metadata, ratio_summary, ref_estimate_gb
 
 
 def test_profile_categories_find_the_adder_kernels(monkeypatch):
@@ -61,6 +61,9 @@ def test_cpu_model_names_the_instruction_set():
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     expected = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other" if info else "unknown"
     assert isa == expected and (name in info if info else name == "unknown")
+    meta = metadata(threads=3)
+    assert (meta["cpu"], meta["isa"], meta["threads"]) == (name, isa, 3)
+    assert f"{name} ({isa}), {os.cpu_count()} CPUs, 3 threads" in describe(meta)
 
 
 def _status(key):

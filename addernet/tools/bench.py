@@ -58,6 +58,14 @@ def metadata(threads=None):
     }
 
 
+def describe(meta):
+    """One line of :func:`metadata` for a benchmark's header."""
+    return (
+        f"{meta['date']}  {meta['cpu']} ({meta['isa']}), {meta['cpus']} CPUs, {meta['threads']} threads, "
+        f"torch {meta['torch']}, load average {meta['load_before'][0]:.1f}"
+    )
+
+
 def median_iqr(values):
     """(median, first quartile, third quartile) of the values (a single value is all three)."""
     ts = sorted(values)
