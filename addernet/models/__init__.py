@@ -55,6 +55,12 @@ def build_model(name, layer="adder", num_classes=10, in_channels=None, **options
     return fn(layer=layer, num_classes=num_classes, in_channels=in_channels or default_in, **options)
 
 
+def model_label(model_cfg):
+    """How logs name the model of a config: its name, the torchvision architecture it wraps, its layer form."""
+    arch = model_cfg.get("arch")
+    return f"{model_cfg.name}{f' {arch}' if arch else ''} ({model_cfg.layer})"
+
+
 def model_from_config(cfg):
     """The model of cfg.model for the dataset of cfg.data (ConfigError on a bad name or form)."""
     options = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items() if k not in ("name", "layer")}
@@ -84,6 +90,7 @@ __all__ = [
     "build_model",
     "list_models",
     "model_from_config",
+    "model_label",
     "register_model",
     "torchvision_model",
     "vit",
