@@ -57,6 +57,7 @@ from addernet.analysis.layer_shapes import with_batch
 from addernet.errors import reported
 from addernet.models import build_model
 from addernet.ops.kernels import build, cpu
+from addernet.tools.bench import busy, ratio_summary, ref_estimate_gb
 
 ROOT = Path(__file__).resolve().parents[1]
 # (name, batch, in, out, size, kernel, stride, padding): every ResNet-20 shape at batch 64, five ResNet-50 at 8
@@ -104,18 +105,13 @@ def _peak_mb(method, layer, x, g):
     return peak / 2**20
 
 
-def _ref_estimate_gb(n, cin, cout, size, k, s, p):
-    out = (size + 2 * p - k) // s + 1
-    return 4 * n * cout * cin * k * k * out * out * 4 / 2**30  # ~4 live N x Cout x K x L float32 blocks
-
-
 def bench(shapes, repeats, ref_limit_gb, ref_repeats):
     rows = []
     for name, n, cin, cout, size, k, s, p in shapes:
         torch.manual_seed(0)
         x = torch.randn(n, cin, size, size, requires_grad=True)
         methods = ["fast", "conv"]
-        ref_gb = _ref_estimate_gb(n, cin, cout, size, k, s, p)
+        ref_gb = ref_estimate_gb(n, cin, cout, size, k, s, p)
         if ref_gb <= ref_limit_gb:
             methods.append("reference")
         layers = {m: _make(m, cin, cout, k, s, p) for m in methods}
@@ -218,30 +214,6 @@ def _child_env():
     return {**os.environ, "PYTHONPATH": str(ROOT), "ADDERNET_BACKEND": "fast"}
 
 
-def _busy(load_before, load_after):
-    """Others were running: the 1-minute load was already high before we started, or far above
-    what this benchmark alone adds (about one process) afterwards."""
-    n = os.cpu_count() or 1
-    return load_before[0] > 0.5 * n or load_after[0] > 1.5 * n
-
-
-def _summary(label, a, b, unit, lower_is_better):
-    """Median and min-max of the per-round ratios a/b (time) or b/a (throughput) as AdderNet/CNN."""
-    ratios = [x / y if lower_is_better else y / x for x, y in zip(a, b)]
-    return {
-        "label": label,
-        "adder": statistics.median(a),
-        "conv": statistics.median(b),
-        "unit": unit,
-        "ratio": statistics.median(ratios),
-        "ratio_min": min(ratios),
-        "ratio_max": max(ratios),
-        "rounds": len(ratios),
-        "adder_all": a,
-        "conv_all": b,
-    }
-
-
 def _print_summary(r, what):
     print(
         f"# {r['label']}: AdderNet {r['adder']:.1f} {r['unit']}, CNN twin {r['conv']:.1f} {r['unit']}, "
@@ -266,8 +238,10 @@ def step_ratio(batch, rounds, repeats, threads):
             times[layer].append(res["ms"])
             cpu[layer].append(res["cpu_ms"])
     return (
-        _summary(f"whole ResNet-20 training step, batch {batch}, wall ms", times["adder"], times["conv"], "ms", True),
-        _summary(
+        ratio_summary(
+            f"whole ResNet-20 training step, batch {batch}, wall ms", times["adder"], times["conv"], "ms", True
+        ),
+        ratio_summary(
             f"whole ResNet-20 training step, batch {batch}, process CPU ms", cpu["adder"], cpu["conv"], "ms", True
         ),
     )
@@ -295,7 +269,7 @@ def train_ratio(rounds, train_size, batch):
                 if out.returncode or not metrics.exists():
                     sys.exit(f"{' '.join(cmd)} failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
                 ips[layer].append(json.loads(metrics.read_text().splitlines()[-1])["images_per_s"])
-    return _summary(
+    return ratio_summary(
         f"train.py data=fake data.train_size={train_size} data.batch_size={batch} trainer.epochs=1, images/s",
         ips["adder"],
         ips["conv"],
@@ -380,7 +354,7 @@ def main():
         _print_summary(summaries[-1], "CNN/AdderNet throughput ratio (target <= 1.3)")
     meta["whole_step"] = summaries
     meta["load_after"] = os.getloadavg()
-    meta["busy"] = _busy(meta["load_before"], meta["load_after"])
+    meta["busy"] = busy(meta["load_before"], meta["load_after"])
     print(f"# loadavg before {meta['load_before'][0]:.2f}, after {meta['load_after'][0]:.2f} (1 min)")
     if meta["busy"]:
         print(

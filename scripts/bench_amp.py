@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from addernet.errors import reported
 from addernet.models import build_model
+from addernet.tools.bench import describe, load, metadata
 
 adder_module = importlib.import_module("addernet.ops.adder2d")  # the module (the package exports the function)
 
@@ -88,15 +89,16 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     x, y = torch.randn(a.batch, 3, 32, 32, device=device), torch.randint(0, 10, (a.batch,), device=device)
     modes = ("off", "bf16", "fp16", "bf16-rounded")
+    print(f"# {describe(metadata())}")
     print(
-        f"load average before: {open('/proc/loadavg').read().split()[:3]} | torch threads "
+        f"load average before: {load()} | torch threads "
         f"{torch.get_num_threads()} | {a.model} batch {a.batch} on {device}"
     )
     rates = {m: [] for m in modes}
     for _ in range(a.rounds):
         for m in modes:
             rates[m].append(steps_per_s(model, opt, x, y, m, a.steps))
-    print(f"load average after: {open('/proc/loadavg').read().split()[:3]}")
+    print(f"load average after: {load()}")
     base = statistics.median(rates["off"])
     print("| amp | steps/s (median) | min-max | vs off |\n|---|---|---|---|")
     for m in modes:

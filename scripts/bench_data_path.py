@@ -23,12 +23,9 @@ import tempfile
 from pathlib import Path
 
 from addernet.errors import reported
+from addernet.tools.bench import describe, load, metadata
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load():
-    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]] if os.path.exists("/proc/loadavg") else []
 
 
 def one_epoch(preset, data_root, on_device, run_dir, threads, extra):
@@ -104,6 +101,8 @@ def main():
         return
     results = {"true": [], "false": []}
     before = load()
+    machine = metadata(args.threads)
+    print(f"# {describe(machine)}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_data_") as tmp:
         for r in range(args.rounds):
             for on_device in ("true", "false"):
@@ -124,6 +123,7 @@ def main():
         "preset": args.preset,
         "threads": args.threads,
         "rounds": args.rounds,
+        "machine": machine,
         "load_before": before,
         "load_after": after,
     }

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from addernet.errors import reported
+from addernet.tools.bench import child_env, load, run_child
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("cnn", "adder", "kd", "pkkd", "pkkd_nokernel", "pkkd_frozen")
@@ -154,7 +155,7 @@ def time_one(args):
 def time_all(args, root, out, env):
     teacher = out / "runs" / "cnn" / "checkpoints" / "last.pt"
     samples = {m: [] for m in args.methods}
-    load_before = os.getloadavg()
+    load_before = load()
     for _ in range(args.rounds):
         for method in args.methods:
             cmd = [
@@ -168,11 +169,8 @@ def time_all(args, root, out, env):
                 str(teacher),
                 *sys.argv[1:],
             ]
-            proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-            if proc.returncode:
-                sys.exit(f"bench_distill: timing {method} failed:\n{proc.stderr[-2000:]}")
-            samples[method].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    return samples, load_before, os.getloadavg()
+            samples[method].append(run_child(cmd, f"bench_distill: timing {method}"))
+    return samples, load_before, load()
 
 
 def table(args, out, walls, samples, loads):
@@ -260,7 +258,7 @@ def main():
     root = args.data.resolve()
     if args.train_per_class or args.test_per_class:
         root = make_slice(args.data, args.out / "data", args.train_per_class or 10**9, args.test_per_class or 10**9)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = child_env()
     started = datetime.datetime.now().isoformat(timespec="minutes")
     walls = train_all(args, root, args.out, env)
     if args.skip_timing:

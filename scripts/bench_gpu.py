@@ -30,6 +30,7 @@ from addernet.analysis.layer_shapes import RESNET20 as R20
 from addernet.analysis.layer_shapes import RESNET50 as R50
 from addernet.analysis.layer_shapes import with_batch
 from addernet.errors import reported
+from addernet.tools.bench import ref_estimate_gb
 
 # (name, batch, cin, cout, size, kernel, stride, padding): ResNet-20 at batch 256, ResNet-50 at 64
 RESNET20 = with_batch([row[0] for row in R20[:6]], 256)
@@ -79,11 +80,6 @@ def sm_clock_mhz(props):
         return float(out[0]), "nvidia-smi clocks.max.sm"
     except Exception:  # noqa: BLE001 - any failure: fall back to the documented value
         return 1980.0, "assumed (H200 SXM boost clock)"
-
-
-def ref_estimate_gb(n, cin, cout, size, k, s, p):
-    ho = (size + 2 * p - k) // s + 1
-    return 3 * n * cout * cin * k * k * ho * ho * 4 / 2**30  # diff, |diff| and the grad's copy
 
 
 def bench_layer(spec, tk, adder2d, reference, warmup, reps, peak_ops):

@@ -1,60 +1,9 @@
 """Parameters, multiplications, additions and energy of one forward pass of a model.
 
-    python scripts/count_ops.py model=resnet20                  # AdderNet ResNet-20, CIFAR-10 input
-    python scripts/count_ops.py model=resnet20 model.layer=conv # its CNN twin
-    python scripts/count_ops.py model=resnet50                  # ImageNet models at 224x224
-    python scripts/count_ops.py model=resnet50 data=cifar10     # ... or at another dataset's input
-    python scripts/count_ops.py model=vit data=mnist            # adder ViT (AdderLinear, adder attention)
-    python scripts/count_ops.py model=torchvision model.arch=mobilenet_v2   # any adderized torchvision network
-
-The input is one image at the resolution and channel count of the `data` config, which defaults to
-the model's own dataset (CIFAR models: cifar10, lenet5_bn: mnist, ImageNet models: imagenet); counting runs
-on the meta device (shapes only), so it takes seconds for any model. The conventions are in
-addernet/analysis/op_count.py. The last line printed is one JSON object with every figure.
+The command lives in the package: addernet/tools/count_ops.py (also ``python -m addernet.tools.count_ops``).
 """
 
-import json
-import sys
-
-import hydra
-from omegaconf import OmegaConf
-
-from addernet.analysis import count_model_ops, format_report
-from addernet.engine.entry_checks import exit_on_bad_command_line, groups_listing
-from addernet.errors import reported
-from addernet.models import MODELS, NATIVE_DATA
-
-
-def native_data(argv):
-    """``data=<the model's own dataset>`` unless argv chooses data (or an experiment) itself, else None."""
-    if any(a.lstrip("+~").split("=")[0] in ("data", "experiment") for a in argv):
-        return None
-    names = [a.split("=", 1)[1] for a in argv if a.startswith("model=")]
-    name = names[-1] if names else "resnet20"
-    return f"data={NATIVE_DATA[MODELS[name][1]][0]}" if name in MODELS and MODELS[name][1] in NATIVE_DATA else None
-
-
-OmegaConf.register_new_resolver("entry_groups", groups_listing, replace=True)  # --help of configs/train.yaml
-
-
-@hydra.main(version_base="1.3", config_path="../configs", config_name="train")
-def main(cfg):
-    with reported("count_ops.py", errors=(ValueError,)):
-        options = {
-            k: v
-            for k, v in OmegaConf.to_container(cfg.model, resolve=True).items()
-            if k not in ("name", "layer", "image_size")
-        }  # the input size is data.image_size
-        result = count_model_ops(
-            cfg.model.name, cfg.model.layer, cfg.data.num_classes, cfg.data.in_channels, cfg.data.image_size, **options
-        )
-    print(format_report(result))
-    print(json.dumps(result))
-
+from addernet.tools.count_ops import cli
 
 if __name__ == "__main__":
-    # A read-only tool: write no Hydra run directory (the user's own overrides come later and win).
-    exit_on_bad_command_line(sys.argv[1:], "train", "count_ops.py", run_dir=False)
-    native = native_data(sys.argv[1:])
-    sys.argv[1:1] = ["hydra.output_subdir=null", "hydra.run.dir=."] + ([native] if native else [])
-    main()
+    cli()

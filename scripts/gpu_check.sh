@@ -103,7 +103,7 @@ for job in adder_device_on adder_device_off adder_loader_off conv_device_off con
     if [ -s "$RUNS/$job/metrics.jsonl" ]; then DONE+=("$RUNS/$job"); fi
 done
 if [ "${#DONE[@]}" -gt 0 ]; then
-    $PY scripts/summarize_runs.py "${DONE[@]}" --epochs 400 ${OUTDIR:+--json "$OUTDIR/train_throughput.json"} 2>&1 \
+    $PY scripts/summarize_runs.py "${DONE[@]}" --epochs 400 --images 50000 10000 ${OUTDIR:+--json "$OUTDIR/train_throughput.json"} 2>&1 \
         | log train.txt || TRAIN_RC=${PIPESTATUS[0]}
 else
     echo "no training job finished an epoch" | log train.txt; TRAIN_RC=1

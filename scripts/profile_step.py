@@ -15,71 +15,14 @@ inflates them; the shares and the 1-thread CPU time are the figures that survive
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
+from addernet.analysis.profile import CATEGORIES, category
 from addernet.errors import reported
-
-ROOT = Path(__file__).resolve().parents[1]
-
-CATEGORIES = (
-    "adder forward: kernel",
-    "adder forward: packing/copies",
-    "adder input-grad: kernel",
-    "adder input-grad: packing/copies",
-    "adder weight-grad",
-    "conv forward",
-    "conv backward",
-    "BatchNorm forward",
-    "BatchNorm backward",
-    "ReLU forward",
-    "ReLU backward",
-    "adds (residual, grad accumulation)",
-    "adaptive-LR hook",
-    "optimizer (SGD)",
-    "other",
-)
-
-
-def _category(ev):
-    """Category of a profiler event from its own name and its ancestors' names."""
-    names, e = [], ev
-    while e is not None:
-        names.append(e.name)
-        e = e.cpu_parent
-    own = names[0]
-    for i, n in enumerate(names):
-        # the custom op's CPU kernel runs as an event named after its autograd wrapper
-        if n == "GeneratedBackwardFor_addernet_adder2d_forward_default":
-            return "adder forward: kernel" if i == 0 else "adder forward: packing/copies"
-        if n == "addernet::adder2d_forward":  # the op's own dispatch time
-            return "adder forward: packing/copies"
-        if n == "addernet::adder2d_grad_input":
-            return "adder input-grad: kernel" if i == 0 else "adder input-grad: packing/copies"
-        if n.endswith("GeneratedBackwardFor_addernet_adder2d_forward_defaultBackward"):
-            return "adder weight-grad"
-        if n == "adaptive_lr":
-            return "adaptive-LR hook"
-        if n.startswith("Optimizer.step"):
-            return "optimizer (SGD)"
-    if own in ("aten::convolution_backward",):
-        return "conv backward"
-    if own in ("aten::mkldnn_convolution", "aten::_convolution", "aten::thnn_conv2d", "aten::_slow_conv2d_forward"):
-        return "conv forward"
-    if own == "aten::native_batch_norm":
-        return "BatchNorm forward"
-    if own == "aten::native_batch_norm_backward":
-        return "BatchNorm backward"
-    if own in ("aten::clamp_min_", "aten::relu_", "aten::relu"):
-        return "ReLU forward"
-    if own == "aten::threshold_backward":
-        return "ReLU backward"
-    if own in ("aten::add", "aten::add_"):
-        return "adds (residual, grad accumulation)"
-    return "other"
+from addernet.tools.bench import describe, load, metadata, run_child
 
 
 def profile(layer, batch, steps, threads):
@@ -124,7 +67,7 @@ def profile(layer, batch, steps, threads):
             step()
     ms = defaultdict(float)
     for ev in prof.events():
-        ms[_category(ev)] += ev.self_cpu_time_total / 1e3 / steps
+        ms[category(ev)] += ev.self_cpu_time_total / 1e3 / steps
     return {"wall_ms": wall, "cpu_ms": cpu, "self_cpu_ms": dict(ms)}
 
 
@@ -139,7 +82,8 @@ def main():
     if args.child:
         print(json.dumps(profile(args.child, args.batch, args.steps, args.threads)))
         return
-    load_before = os.getloadavg()
+    print(f"# {describe(metadata(args.threads))}")
+    load_before = load()
     res = {}
     for layer in ("adder", "conv"):
         cmd = [
@@ -154,11 +98,8 @@ def main():
             "--threads",
             str(args.threads),
         ]
-        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-        if out.returncode:
-            sys.exit(f"profiling the {layer} twin failed:\n{out.stderr[-2000:]}")
-        res[layer] = json.loads(out.stdout.strip().splitlines()[-1])
-    load_after = os.getloadavg()
+        res[layer] = run_child(cmd, f"profiling the {layer} twin")
+    load_after = load()
     print(
         f"# ResNet-20 step, batch {args.batch}, {args.threads} thread(s), {args.steps} profiled steps; "
         f"loadavg {load_before[0]:.1f} before, {load_after[0]:.1f} after"

@@ -1,42 +1,9 @@
 """Write a quantised checkpoint: ``python scripts/quantize.py checkpoint=PATH out=PATH quant.bits=8 [quant.*=...]``.
 
-Same settings as test.py (configs/quantize.yaml = configs/test.yaml + `out`): the model and data come
-from our checkpoint's stored config (or the command line for official files); calibration runs on
-the data config's training split (docs/quantization.md). The file (integer weights, scales, groups,
-bias terms, ranges, re-estimated BatchNorm, the source config) is evaluated by test.py directly,
-without calibrating again, and loads with torch.load(weights_only=True). Prints one JSON line.
+The command lives in the package: addernet/tools/quantize.py (also ``python -m addernet.tools.quantize``).
 """
 
-import json
-import sys
-
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from addernet.engine import ConfigError
-from addernet.engine.entry_checks import check_output_path, exit_on_bad_command_line
-from addernet.engine.eval_run import load_float_model
-from addernet.errors import reported
-from addernet.quant import quantize_for_eval, save_quantized
-
-
-@hydra.main(version_base="1.3", config_path="../configs", config_name="quantize")
-def main(cfg):
-    with reported("quantize.py", errors=(OmegaConfBaseException,)):
-        check_output_path(cfg.get("out"), "out", inputs=(cfg.get("checkpoint"),), overwrite=bool(cfg.overwrite))
-        model, cfg, path = load_float_model(cfg, HydraConfig.get().overrides.task, entry="quantize")
-        if cfg.quant.bits is None:
-            raise ConfigError("give the bit width: quant.bits=8 (2..16)")
-        model, info = quantize_for_eval(model, cfg)
-        config = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in ("checkpoint", "out")}
-        settings = {k: v for k, v in info.items() if k != "calibrated"}
-        settings["source"] = str(path)
-        save_quantized(cfg.out, model, config, settings)
-        print(json.dumps({"out": str(cfg.out), **settings}), flush=True)
-
+from addernet.tools.quantize import cli
 
 if __name__ == "__main__":
-    exit_on_bad_command_line(sys.argv[1:], "quantize", "quantize.py", run_dir=False)
-    main()
+    cli()

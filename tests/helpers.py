@@ -7,7 +7,6 @@ Imported by the test modules (``from helpers import ...``); pytest fixtures live
 import copy
 import functools
 import hashlib
-import importlib.util
 import logging
 import os
 import pickle
@@ -82,15 +81,6 @@ def needs_shared(*paths):
         reason=f"shared data absent ({', '.join(missing)}): ../shared next to "
         "the repository is not part of a user's clone",
     )
-
-
-def load_script(path):
-    """Import a script (``scripts/<name>.py`` given ``name``, or any .py path) as a module, without running main."""
-    path = Path(path) if str(path).endswith(".py") else REPO / "scripts" / f"{path}.py"
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def free_port():

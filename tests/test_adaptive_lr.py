@@ -5,6 +5,7 @@ explicit loops over output positions, not by the implementation under test.
 """
 
 import copy
+import importlib
 import math
 
 import pytest
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 
 from addernet import AdaptiveLR, Adder2d
 
-from helpers import TESTS, load_script, torchrun
+from helpers import TESTS, torchrun
 
 ETA = 0.2
 WORKER = TESTS / "ddp_adaptive_lr_worker.py"
@@ -140,7 +141,7 @@ def test_accumulating_micro_batches_equals_one_big_batch():
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
-    worker = load_script(WORKER)
+    worker = importlib.import_module(WORKER.stem)
     proc = torchrun([WORKER, tmp_path], timeout=240)
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 

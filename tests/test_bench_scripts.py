@@ -1,19 +1,24 @@
 """The benchmark scripts' bookkeeping (no timing is asserted): the profile categories find the adder
-ops under the names torch's profiler gives them, and the interleaved ratios are computed per round."""
+ops under the names torch's profiler gives them, the interleaved ratios are computed per round, and
+the reference kernel's memory estimate is its measured peak."""
 
+import ctypes
+import gc
 import os
+import sys
 
+import pytest
 import torch
 import torch.nn as nn
 
 from addernet import Adder2d
-
-from helpers import load_script
+from addernet.analysis.profile import CATEGORIES, category
+from addernet.ops.reference import adder2d_reference
+from addernet.tools.bench import busy, cpu_model, describe, median_iqr, metadata, ratio_summary, ref_estimate_gb
 
 
 def test_profile_categories_find_the_adder_kernels(monkeypatch):
     monkeypatch.setenv("ADDERNET_BACKEND", "fast")
-    prof_step = load_script("profile_step")
     torch.manual_seed(0)
     model = nn.Sequential(Adder2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True))
     x = torch.randn(2, 3, 8, 8, requires_grad=True)
@@ -22,8 +27,8 @@ def test_profile_categories_find_the_adder_kernels(monkeypatch):
         model(x).sum().backward()
     seen = {}
     for ev in prof.events():
-        cat = prof_step._category(ev)
-        assert cat in prof_step.CATEGORIES, cat
+        cat = category(ev)
+        assert cat in CATEGORIES, cat
         seen.setdefault(cat, set()).add(ev.name)
     for cat in (
         "adder forward: kernel",
@@ -40,11 +45,45 @@ def test_profile_categories_find_the_adder_kernels(monkeypatch):
 
 
 def test_interleaved_ratios_are_per_round_medians():
-    bench = load_script("bench_adder")
-    t = bench._summary("step", [30.0, 20.0, 100.0], [10.0, 20.0, 50.0], "ms", lower_is_better=True)
+    t = ratio_summary("step", [30.0, 20.0, 100.0], [10.0, 20.0, 50.0], "ms", lower_is_better=True)
     assert (t["ratio"], t["ratio_min"], t["ratio_max"]) == (2.0, 1.0, 3.0)
     assert (t["adder"], t["conv"]) == (30.0, 20.0)
-    ips = bench._summary("train", [100.0, 50.0], [150.0, 100.0], "images/s", lower_is_better=False)
+    ips = ratio_summary("train", [100.0, 50.0], [150.0, 100.0], "images/s", lower_is_better=False)
     assert (ips["ratio_min"], ips["ratio_max"]) == (1.5, 2.0)  # CNN images/s over AdderNet's
     n = os.cpu_count() or 1
-    assert bench._busy((0.6 * n, 0, 0), (0.1, 0, 0)) and not bench._busy((0.1, 0, 0), (1.0 * n, 0, 0))
+    assert busy((0.6 * n, 0, 0), (0.1, 0, 0)) and not busy((0.1, 0, 0), (1.0 * n, 0, 0))
+    assert median_iqr([4.0, 1.0, 3.0, 2.0, 5.0]) == (3.0, 1.5, 4.5) and median_iqr([7.0]) == (7.0, 7.0, 7.0)
+
+
+def test_cpu_model_names_the_instruction_set():
+    name, isa = cpu_model()
+    info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    expected = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other" if info else "unknown"
+    assert isa == expected and (name in info if info else name == "unknown")
+    meta = metadata(threads=3)
+    assert (meta["cpu"], meta["isa"], meta["threads"]) == (name, isa, 3)
+    assert f"{name} ({isa}), {os.cpu_count()} CPUs, 3 threads" in describe(meta)
+
+
+def _status(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS through /proc/self/clear_refs is Linux's")
+def test_the_reference_memory_estimate_is_its_measured_peak():
+    """Peak resident-set rise of one reference fwd+bwd against the estimate (three live blocks)."""
+    ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)  # freed large blocks go back to the OS: RSS tracks live memory
+    n, cin, cout, size = 8, 16, 16, 32
+    x, w = torch.randn(n, cin, size, size, requires_grad=True), torch.randn(cout, cin, 3, 3, requires_grad=True)
+    g = torch.randn(n, cout, size, size)
+    adder2d_reference(x, w, (1, 1), (1, 1)).backward(g)  # warm-up
+    x.grad = w.grad = None
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    base = _status("VmRSS")
+    adder2d_reference(x, w, (1, 1), (1, 1)).backward(g)
+    peak_gb = (_status("VmHWM") - base) / 2**30
+    assert peak_gb == pytest.approx(ref_estimate_gb(n, cin, cout, size, 3, 1, 1), rel=0.15)

@@ -12,8 +12,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from addernet import Adder2d
 from addernet.analysis import count_model_ops, count_ops
 from addernet.models import build_model
+from addernet.tools.count_ops import native_data
 
-from helpers import REPO, load_script
+from helpers import REPO
 
 # name -> (image size, classes) at the dataset's resolution
 DATA = {
@@ -166,12 +167,11 @@ def test_script_prints_table_then_json(tmp_path):
 
 
 def test_script_counts_at_the_models_native_input_unless_data_is_given():
-    script = load_script("count_ops")
-    assert script.native_data(["model=lenet5_bn"]) == "data=mnist"
-    assert script.native_data(["model=resnet18", "model.layer=conv"]) == "data=imagenet"
-    assert script.native_data([]) == "data=cifar10"
-    assert script.native_data(["model=resnet50", "data=cifar10"]) is None  # the user's choice wins
-    assert script.native_data(["experiment=imagenet_resnet50_adder"]) is None
+    assert native_data(["model=lenet5_bn"]) == "data=mnist"
+    assert native_data(["model=resnet18", "model.layer=conv"]) == "data=imagenet"
+    assert native_data([]) == "data=cifar10"
+    assert native_data(["model=resnet50", "data=cifar10"]) is None  # the user's choice wins
+    assert native_data(["experiment=imagenet_resnet50_adder"]) is None
 
 
 @pytest.mark.slow

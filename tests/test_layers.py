@@ -20,6 +20,7 @@ LAYERS = [
     ("data", "optim", "checkpoint", "distributed", "compile", "forward", "zoo"),
     ("tasks", "quant", "analysis"),
     ("engine",),
+    ("tools",),
 ]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 

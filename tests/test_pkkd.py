@@ -3,6 +3,7 @@ gradient leaks between the networks, the adaptive LR touches only the student's 
 of the student, layer selection, bad input, and DDP (2 gloo ranks) equals one process on the whole batch."""
 
 import copy
+import importlib
 import signal
 import sys
 
@@ -24,7 +25,6 @@ from helpers import (
     TINY_LENET,
     child_env,
     compose,
-    load_script,
     metrics_without_timing,
     run_train,
     signal_at,
@@ -197,7 +197,7 @@ def test_an_adder_checkpoint_is_refused_as_the_pkkd_teacher(tmp_path, official_r
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
-    worker = load_script(WORKER)
+    worker = importlib.import_module(WORKER.stem)
     proc = torchrun([WORKER, tmp_path], timeout=240)
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 

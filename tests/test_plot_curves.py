@@ -1,4 +1,4 @@
-"""scripts/plot_curves.py: reads metrics.jsonl run directories and draws train/val curves."""
+"""addernet.analysis.curves (scripts/plot_curves.py): reads metrics.jsonl run directories and draws curves."""
 
 import json
 import subprocess
@@ -6,13 +6,12 @@ import sys
 
 import pytest
 
-from helpers import REPO, load_script
+from addernet.analysis import curves
+from addernet.analysis.runs import load_metrics
+
+from helpers import REPO
 
 SCRIPT = REPO / "scripts" / "plot_curves.py"
-
-
-def _module():
-    return load_script(SCRIPT)
 
 
 def _run_dir(tmp_path, name, records):
@@ -41,25 +40,23 @@ def test_load_metrics_keeps_last_record_per_epoch_and_skips_non_epoch_lines(tmp_
     recs = _records(0)
     resumed = dict(recs[2], val_top1=99.0)  # a resumed run re-logs epoch 3
     d = _run_dir(tmp_path, "run", recs + [{"event": "resume"}, resumed])
-    got = _module().load_metrics(d)
+    got = load_metrics(d)
     assert [r["epoch"] for r in got] == [1, 2, 3]
     assert got[2]["val_top1"] == 99.0
 
 
 def test_load_metrics_errors_are_clear(tmp_path):
-    mod = _module()
     with pytest.raises(FileNotFoundError, match="metrics.jsonl not found"):
-        mod.load_metrics(tmp_path)
+        load_metrics(tmp_path)
     (tmp_path / "metrics.jsonl").write_text('{"epoch": 1}\nnot json\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2 is not valid JSON"):
-        mod.load_metrics(tmp_path)
+        load_metrics(tmp_path)
 
 
 def test_plot_overlays_runs_with_their_values(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
-    mod = _module()
     runs = [("adder", _records(0)), ("cnn", _records(5))]
-    fig = mod.plot(runs, tmp_path / "c.png")
+    fig = curves.plot(runs, tmp_path / "c.png")
     top1_ax, loss_ax = fig.axes
     lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in top1_ax.get_lines()}
     assert lines["adder val"] == ([1, 2, 3], [9.0, 18.0, 27.0])
@@ -101,15 +98,25 @@ def test_cli_missing_run_dir_is_a_clear_error(tmp_path):
 
 def test_one_epoch_run_shows_a_point_on_integer_epoch_ticks(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
-    fig = _module().plot([("one", _records(0)[:1]), ("three", _records(1))], tmp_path / "c.png")
+    fig = curves.plot([("one", _records(0)[:1]), ("three", _records(1))], tmp_path / "c.png")
     fig.canvas.draw()
     for ax in fig.axes:
         assert all(ln.get_marker() not in (None, "", "None") for ln in ax.get_lines())
         ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
         assert ticks and all(float(t).is_integer() for t in ticks), ticks
-    single = _module().plot([("one", _records(0)[:1])], tmp_path / "d.png")
+    single = curves.plot([("one", _records(0)[:1])], tmp_path / "d.png")
     single.canvas.draw()
     ticks = [
         t for t in single.axes[0].get_xticks() if single.axes[0].get_xlim()[0] <= t <= single.axes[0].get_xlim()[1]
     ]
     assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_log_scale_keeps_an_early_loss_spike_readable_and_the_title_names_the_runs(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
+    spike = [dict(r, val_loss=89.0 if r["epoch"] == 1 else r["val_loss"]) for r in _records(0)]
+    fig = curves.plot([("adder-r20", _records(1)), ("cnn-r20", spike)], tmp_path / "c.png", log=True)
+    top1_ax, loss_ax = fig.axes
+    assert (top1_ax.get_yscale(), loss_ax.get_yscale()) == ("linear", "log")
+    assert fig._suptitle.get_text() == "adder-r20 vs cnn-r20"
+    assert curves.plot([("a", _records(0))], tmp_path / "d.png").axes[1].get_yscale() == "linear"

@@ -12,12 +12,20 @@ from omegaconf import OmegaConf
 from addernet.checkpoint import CheckpointError
 from addernet.engine import ConfigError
 from addernet.models import build_model
-from addernet.ops import Adder2d
+from addernet.ops import Adder2d, AdderLinear
 from addernet.ops.reference import adder2d_reference
 from addernet.quant import QAdder2d, load_quantized_into, quantize_model, save_quantized
-from addernet.quant.convert import quantize_layer
+from addernet.quant.convert import check_supported, quantize_layer
 from addernet.quant.grouping import group_filters, kmeans_1d
-from addernet.quant.quantizer import clamp_weight, group_scales, levels, quantize_activation, quantize_weight
+from addernet.quant.quantizer import (
+    clamp_weight,
+    group_scales,
+    lane,
+    levels,
+    quantize_activation,
+    quantize_weight,
+    unsigned_form,
+)
 
 from helpers import REPO
 
@@ -262,3 +270,22 @@ def test_onnx_quantised_layer_equals_qadder_exactly(tmp_path, conf):
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"images": x.numpy()})[0]
     assert torch.equal(torch.from_numpy(got), q(x))
     assert torch.equal(OnnxQAdder2d(q)(x), q(x))
+
+
+@pytest.mark.parametrize("bits", [2, 8, 9, 16])
+def test_unsigned_form_is_exact_for_non_negative_activations_and_fits_its_lane(bits):
+    """sum |q_a - 2 q_w| = sum |q_a - u| + c for every q_a in [0, 2^b - 1], with u stored losslessly in lane(bits)."""
+    g = torch.Generator().manual_seed(bits)
+    q_w = torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), (6, 2, 3, 3), generator=g)
+    q_a = torch.randint(0, 2**bits, (50, 1, 2, 3, 3), generator=g)
+    u, c = unsigned_form(q_w)
+    assert torch.equal((q_a - 2 * q_w).abs().flatten(2).sum(2), (q_a - u).abs().flatten(2).sum(2) + c)
+    assert lane(bits) == (torch.uint8 if bits <= 8 else torch.uint16)
+    assert torch.equal(u.to(lane(bits)).to(torch.int64), u) and torch.equal(q_a.to(lane(bits)).to(torch.int64), q_a)
+
+
+def test_check_supported_names_the_layers_quantisation_cannot_handle():
+    net = torch.nn.Sequential(Adder2d(3, 4, 3), torch.nn.Flatten(), AdderLinear(4, 2))
+    with pytest.raises(ConfigError, match=r"ONNX export does not support AdderLinear layers yet: AdderLinear \(2\)"):
+        check_supported(net, "ONNX export")
+    check_supported(torch.nn.Sequential(Adder2d(3, 4, 3)), "quantisation")  # Adder2d alone is handled

@@ -8,6 +8,7 @@ ResNet-20/50 layer shapes, in fp16/bf16, and through the autograd path of addern
 Reference: adder2d_reference (unfold formulation, Eq. 5/7 backward) in float64.
 """
 
+import importlib
 import json
 import os
 import subprocess
@@ -21,7 +22,7 @@ import torch
 from addernet.ops.kernels import triton as tk  # the tile lists; kernels only with triton
 from addernet.ops.reference import adder2d_reference
 
-from helpers import REPO, load_script
+from helpers import REPO
 
 try:
     import triton
@@ -167,9 +168,9 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def _sass_report():
-    """scripts/triton_sass_report.py as a module; skip where this triton cannot compile offline."""
+    """addernet.tools.triton_sass_report; skip where this triton cannot compile offline."""
     try:
-        mod = load_script("triton_sass_report")
+        mod = importlib.import_module("addernet.tools.triton_sass_report")
     except ImportError as e:
         pytest.skip(f"this triton ({triton.__version__}) has no offline compile API the report uses: {e}")
     if not all(os.path.exists(os.path.join(mod.BIN, tool)) for tool in ("ptxas", "cuobjdump")):

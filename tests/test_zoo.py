@@ -1,13 +1,16 @@
-"""The model zoo (addernet/zoo/): every file is what its manifest says, and test.py reproduces the manifest's top-1."""
+"""The model zoo (addernet/zoo/): every file is what its manifest says (and a file that is not is refused),
+test.py reproduces the manifest's top-1, and adding an entry checks first and writes last."""
 
 import json
+import shutil
 
 import pytest
 import torch
 
-from addernet.checkpoint import load_checkpoint, load_weights
-from addernet.errors import CheckpointError
+from addernet.checkpoint import load_checkpoint, load_weights, save_checkpoint
+from addernet.errors import CheckpointError, ConfigError
 from addernet.models import build_model
+from addernet.tools import zoo_add
 from addernet.zoo import ZOO, manifest, path, sha256
 
 from helpers import SHARED, needs_shared, run_train
@@ -63,3 +66,90 @@ def test_test_py_labels_its_log_lines_with_their_logger():
     assert res.returncode == 0, res.stderr[-2000:]
     assert "[addernet.data][INFO] data.on_device: val split" in res.stderr and "[HYDRA]" not in res.stderr
     assert "model lenet5_bn (adder) | data mnist" in res.stdout
+
+
+@pytest.fixture
+def own_zoo(tmp_path, monkeypatch):
+    """A copy of the zoo (files and manifest) that the zoo module reads and writes instead of the shipped one."""
+    from addernet import zoo
+
+    folder = tmp_path / "zoo"
+    folder.mkdir()
+    for entry in ENTRIES.values():
+        shutil.copyfile(ZOO / entry["file"], folder / entry["file"])
+    shutil.copyfile(zoo.MANIFEST, folder / "manifest.json")
+    monkeypatch.setattr(zoo, "ZOO", folder)
+    monkeypatch.setattr(zoo, "MANIFEST", folder / "manifest.json")
+    return folder
+
+
+def _snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _run_dir(tmp_path, edit=None):
+    """A run dir whose last.pt is the shipped adder checkpoint (a finished run of its preset), edited by ``edit``."""
+    ckpt = load_checkpoint(ZOO / ENTRIES["mnist_lenet5_bn_adder"]["file"])
+    if edit:
+        edit(ckpt)
+    run = tmp_path / "run"
+    save_checkpoint(ckpt, run / "checkpoints" / "last.pt")
+    return run
+
+
+def _zoo_add(run, name, *extra):
+    argv = [str(run), name, "--preset", "mnist_lenet5_bn_adder", "--command", "python train.py ...", *extra]
+    return zoo_add.main(argv)
+
+
+def test_a_zoo_file_that_does_not_match_its_manifest_is_refused(own_zoo):
+    file = own_zoo / ENTRIES["mnist_lenet5_bn_adder"]["file"]
+    ckpt = load_checkpoint(file)
+    ckpt["model"]["fc3.weight"].zero_()
+    save_checkpoint(ckpt, file)
+    for load in (lambda: load_checkpoint(file), lambda: path("mnist_lenet5_bn_adder")):
+        with pytest.raises(CheckpointError, match="not the file its manifest entry describes.*git checkout"):
+            load()
+    load_checkpoint(own_zoo / ENTRIES["mnist_lenet5_bn_cnn"]["file"])  # the untouched one still loads
+
+
+def test_zoo_add_never_replaces_an_entry_without_replace(own_zoo, tmp_path):
+    before = _snapshot(own_zoo)
+    with pytest.raises(ConfigError, match="already has 'mnist_lenet5_bn_adder'.*--replace"):
+        _zoo_add(_run_dir(tmp_path), "mnist_lenet5_bn_adder", "--data-root", str(MNIST))
+    assert _snapshot(own_zoo) == before
+
+
+def test_zoo_add_refuses_a_run_that_is_not_its_preset(own_zoo, tmp_path):
+    def debug_run(ckpt):  # a 1-epoch FakeData job claimed as the MNIST preset
+        ckpt["config"]["data"]["name"], ckpt["config"]["trainer"]["epochs"] = "fake", 1
+        ckpt["epoch"], ckpt["history"] = 1, ckpt["history"][:1]
+
+    before = _snapshot(own_zoo)
+    with pytest.raises(
+        ConfigError, match=r"not a run of --preset mnist_lenet5_bn_adder: data.name=fake \(preset: mnist"
+    ):
+        _zoo_add(_run_dir(tmp_path, debug_run), "mnist_lenet5_bn_adder", "--replace", "--data-root", "/nonexistent")
+    assert _snapshot(own_zoo) == before
+
+
+@pytest.mark.slow
+def test_zoo_add_evaluates_before_it_writes(own_zoo, tmp_path):
+    before = _snapshot(own_zoo)
+    with pytest.raises(ConfigError, match="failed .*the zoo is unchanged"):
+        _zoo_add(_run_dir(tmp_path), "mnist_lenet5_bn_adder", "--replace", "--data-root", str(tmp_path / "nowhere"))
+    assert _snapshot(own_zoo) == before  # no temporary file left either
+
+
+@pytest.mark.slow
+@needs_shared("mnist/MNIST/raw")
+def test_zoo_add_writes_a_verified_entry(own_zoo, tmp_path):
+    before = [e["file"] for e in ENTRIES.values()]
+    _zoo_add(_run_dir(tmp_path), "copy", "--data-root", str(MNIST))
+    entries = json.loads((own_zoo / "manifest.json").read_text())
+    shipped = ENTRIES["mnist_lenet5_bn_adder"]
+    assert entries["mnist_lenet5_bn_adder"] == shipped and entries["copy"]["file"] == "copy.pt"
+    assert (entries["copy"]["top1"], entries["copy"]["n"]) == (shipped["top1"], 10000)
+    assert sha256(own_zoo / "copy.pt") == entries["copy"]["sha256"]
+    assert sorted(p.name for p in own_zoo.iterdir()) == sorted(["manifest.json", "copy.pt", *before])
+    load_checkpoint(path("copy"))

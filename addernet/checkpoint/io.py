@@ -16,6 +16,7 @@ import zipfile
 import torch
 
 from ..errors import CheckpointError
+from ..zoo import verify
 from ..zoo.fetch import fetch_hint
 
 
@@ -80,8 +81,8 @@ def _write_error(path, e):
 def load_checkpoint(path, map_location="cpu"):
     """Load a checkpoint with ``weights_only=True``; clear :class:`CheckpointError` on failure.
 
-    Missing file, truncated/corrupt file and files holding arbitrary Python objects each get a
-    message saying what was wrong and what to do.
+    Missing file, truncated/corrupt file, files holding arbitrary Python objects and a zoo file that
+    does not match its manifest's sha256 each get a message saying what was wrong and what to do.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -96,6 +97,7 @@ def load_checkpoint(path, map_location="cpu"):
             f"<run dir>/checkpoints/last.pt and best.pt)."
         )
     _check_expansion(path)
+    verify(path)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:

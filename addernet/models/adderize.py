@@ -36,9 +36,7 @@ import torch.nn as nn
 from torch.func import functional_call
 from torchvision.ops.misc import Permute
 
-from ..errors import ConfigError
 from ..ops import ADDER_MODULES, Adder2d, AdderLinear
-from .attention import AdderAttention
 
 NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)
 PASS_THROUGH = (nn.Identity, nn.modules.dropout._DropoutNd, nn.Flatten, nn.Unflatten, nn.ChannelShuffle, Permute)
@@ -251,19 +249,3 @@ def _verify(model, report, originals, example):
             stacklevel=3,
         )
 
-
-def check_supported(model, what):
-    """ConfigError naming the layer types of `model` that `what` ("quantisation", "ONNX export") does not handle
-    yet: AdderLinear and L1-score AdderAttention (Adder2d is handled)."""
-    found = {}
-    for name, m in model.named_modules():
-        if isinstance(m, AdderLinear) or isinstance(m, AdderAttention) and (m.scores == "l1" or m.value == "adder"):
-            found.setdefault(type(m).__name__, []).append(name)
-    if found:
-        kinds = "; ".join(
-            f"{kind} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" for kind, names in found.items()
-        )
-        raise ConfigError(
-            f"{what} does not support {', '.join(found)} layers yet: {kinds}. It handles Adder2d layers "
-            f"(the paper's models, model=torchvision); evaluate this model unquantised / in PyTorch."
-        )

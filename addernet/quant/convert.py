@@ -12,12 +12,29 @@ import math
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..models.adderize import check_supported
-from ..ops import Adder2d
+from ..models import AdderAttention
+from ..ops import Adder2d, AdderLinear
 from .calibration import activation_ranges, floored_layers, recalibrate_bn
 from .grouping import METHODS, group_filters
 from .qadder import KERNELS, QAdder2d
 from .quantizer import clamp_weight, group_scales, quantize_weight
+
+
+def check_supported(model, what):
+    """ConfigError naming the layer types of `model` that `what` ("quantisation", "ONNX export") does not handle
+    yet: AdderLinear and L1-score AdderAttention (Adder2d is handled)."""
+    found = {}
+    for name, m in model.named_modules():
+        if isinstance(m, AdderLinear) or isinstance(m, AdderAttention) and (m.scores == "l1" or m.value == "adder"):
+            found.setdefault(type(m).__name__, []).append(name)
+    if found:
+        kinds = "; ".join(
+            f"{kind} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})" for kind, names in found.items()
+        )
+        raise ConfigError(
+            f"{what} does not support {', '.join(found)} layers yet: {kinds}. It handles Adder2d layers "
+            f"(the paper's models, model=torchvision); evaluate this model unquantised / in PyTorch."
+        )
 
 
 def check_quant_config(q):

@@ -27,9 +27,10 @@ import torch.nn as nn
 
 from ..models.blocks import BasicBlock
 from ..models.resnet_cifar import CifarResNet
+from ..ops.conv_args import out_hw
 from ..ops.kernels import int_cpu
 from .qadder import QAdder2d, nan_where_not_finite
-from .quantizer import levels
+from .quantizer import lane, levels, unsigned_form
 
 
 def unsupported_reason(model):
@@ -79,8 +80,8 @@ class _Layer:
         self.scales = sorted(set(s.tolist()))
         plane = torch.tensor([self.scales.index(v) for v in s.tolist()])
         qw = q.qweight.to(torch.int64)
-        u = (2 * qw).clamp(min=0)
-        c = (-2 * qw).clamp(min=0).flatten(1).sum(1).double()
+        u, c = unsigned_form(qw)
+        c = c.double()
         k, shift = _bn_affine(bn)
         alpha = -(s / lv) * k
         beta = (-(s / lv) * c + q.bias_term.double() - bn.running_mean.double()) * k + bn.bias.double()
@@ -141,7 +142,7 @@ class IntegerResNet(nn.Module):
             raise ValueError(f"no integer network for this model: {why}")
         self.conv1, self.avgpool, self.fc, self.bn2 = model.conv1, model.avgpool, model.fc, model.bn2
         bits = next(int(m.bits) for m in model.modules() if isinstance(m, QAdder2d))
-        self.bits, self.lane = bits, torch.uint8 if bits <= 8 else torch.uint16
+        self.bits, self.lane = bits, lane(bits)
         self._build(model)
         super().train(False)
 
@@ -230,7 +231,7 @@ class IntegerResNet(nn.Module):
         for i, (layer, src, dst, res, relu) in enumerate(steps, start=1):
             q = layer.q
             (kh, kw), (sh, sw), (ph, pw) = q.kernel_size, q.stride, q.padding
-            ho, wo = (src.h + 2 * ph - kh) // sh + 1, (src.w + 2 * pw - kw) // sw + 1
+            ho, wo = out_hw((0, 0, src.h, src.w), (0, 0, kh, kw), q.stride, q.padding, q.dilation)
             if ho < 1 or wo < 1:
                 raise ValueError(f"input too small: a {src.h}x{src.w} activation reaches a {kh}x{kw} adder layer")
             dst.h, dst.w = ho, wo

@@ -17,11 +17,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..models.adderize import check_supported
 from ..ops import Adder2d
-from .convert import replace_module
+from .convert import check_supported, replace_module
 from .qadder import QAdder2d
-from .quantizer import levels
+from .quantizer import levels, unsigned_form
 
 
 def _one_hot(channels, kh, kw):
@@ -76,8 +75,9 @@ class OnnxQAdder2d(nn.Module):
             s = q.scale[g]
             self.blocks.append((g, chans))
             self.register_buffer(f"inv{k}", levels(bits) / s)  # the same float32 value QAdder2d multiplies by
-            self.register_buffer(f"u{k}", (2 * q_w[idx]).clamp(min=0).float().reshape(1, 1, len(idx), -1, 1))
-            self.register_buffer(f"c{k}", (-2 * q_w[idx]).clamp(min=0).flatten(1).sum(1).float().view(1, -1, 1))
+            u, c = unsigned_form(q_w[idx])
+            self.register_buffer(f"u{k}", u.float().reshape(1, 1, len(idx), -1, 1))
+            self.register_buffer(f"c{k}", c.float().view(1, -1, 1))
             self.register_buffer(f"step{k}", -(s / lv))
             self.register_buffer(f"beta{k}", q.bias_term[idx].view(1, -1, 1))
             order.append(idx)

@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from ..ops import adder2d
 from ..ops.kernels import build, int_cpu
-from .quantizer import levels, quantize_activation
+from .quantizer import lane, levels, quantize_activation, unsigned_form
 
 KERNELS = ("auto", "int", "fake")
 
@@ -101,7 +101,7 @@ class QAdder2d(nn.Module):
         key = tuple((t.data_ptr(), t._version) for t in (self.qweight, self.group, self.scale))
         if getattr(self, "_plan_key", None) == key:
             return self._plan_cache
-        lane = torch.uint8 if int(self.bits) <= 8 else torch.uint16
+        dtype = lane(self.bits)
         merged = {}
         for g, idx, chans in self._blocks():
             k = (float(self.scale[g]), chans.start)
@@ -110,8 +110,8 @@ class QAdder2d(nn.Module):
         q_w = self.qweight.to(torch.int32)
         for g, idx, chans in merged.values():
             idx = idx.sort().values
-            u = (2 * q_w[idx]).clamp(min=0).to(lane)
-            c = (-2 * q_w[idx]).clamp(min=0).flatten(1).sum(1).view(1, -1, 1, 1)
+            u, c = unsigned_form(q_w[idx])
+            u, c = u.to(dtype), c.view(1, -1, 1, 1)
             packed = int_cpu.pack_weight(u, 1) if _int_kernel() is not None else None
             whole = idx.numel() == self.out_channels
             plan.append((self.scale[g].clone(), None if whole else idx, chans, q_w[idx].float(), c, u, packed))
@@ -137,13 +137,13 @@ class QAdder2d(nn.Module):
                 x[:, :, :: self.stride[0], :: self.stride[1]],
                 ((1, 1), (0, 0), (1, 1)),
             )  # quantise only what is read
-        lane = torch.uint8 if bits <= 8 else torch.uint16
+        dtype = lane(bits)
         outs = []
         for s, idx, chans, w_int, c, u, packed in self._plan():
             xs = x if chans.start == 0 and chans.stop == self.in_channels else x[:, chans]
             a = quantize_activation(xs, s, bits)
             if use_int:
-                total = _int_kernel().forward(a.to(lane), u, *conf, 1, packed) + c
+                total = _int_kernel().forward(a.to(dtype), u, *conf, 1, packed) + c
                 out = total.float() * (-(s / lv))
             else:
                 out = adder2d(a * (s / lv), w_int * (2 * s / lv), None, *conf, 1)  # -sum|x - w|

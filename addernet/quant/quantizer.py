@@ -18,6 +18,18 @@ def levels(bits):
     return 2 ** int(bits) - 1
 
 
+def lane(bits):
+    """The integer kernel's unsigned lane type for b-bit operands: uint8 up to 8 bits, uint16 above."""
+    return torch.uint8 if int(bits) <= 8 else torch.uint16
+
+
+def unsigned_form(q_w):
+    """(u, c) of signed weights q_w (O, ...): u = max(2 q_w, 0) elementwise and c = sum max(-2 q_w, 0) per
+    filter, so that sum |q_a - 2 q_w| = sum |q_a - u| + c for q_a >= 0 (the integer kernel's operands are
+    then both unsigned). In q_w's dtype; callers cast."""
+    return (2 * q_w).clamp(min=0), (-2 * q_w).clamp(min=0).flatten(1).sum(1)
+
+
 def clamp_weight(weight, act_range):
     """(w clamped to [-A, A], beta per filter = -sum max(|w| - A, 0)): the lossless clamp of section 3b."""
     excess = (weight.abs() - act_range).clamp(min=0)

@@ -6,11 +6,14 @@ seed (zoo files are chosen by seed, never by test accuracy), the file's sha256 a
 ``python test.py checkpoint=addernet/zoo/<name>.pt data.root=<folder holding MNIST/raw>``.
 
 A zoo file is the final epoch's training checkpoint without the state that only resuming needs
-(optimizer, scheduler, RNG): :func:`inference_checkpoint`.
+(optimizer, scheduler, RNG): :func:`inference_checkpoint`. Loading one, by name (:func:`path`) or by
+its path (``load_checkpoint``), checks its sha256 against the manifest first (:func:`verify`), so a
+changed or damaged file is refused instead of evaluated. ``python -m addernet.tools.zoo_add`` adds one.
 """
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from ..errors import CheckpointError
@@ -30,11 +33,38 @@ def path(name):
     entries = manifest()
     if name not in entries:
         raise CheckpointError(f"no zoo checkpoint named {name!r}; available: {', '.join(sorted(entries)) or 'none'}.")
-    return ZOO / entries[name]["file"]
+    file = ZOO / entries[name]["file"]
+    verify(file)
+    return file
 
 
 def sha256(file):
     return hashlib.sha256(Path(file).read_bytes()).hexdigest()
+
+
+def verify(file):
+    """CheckpointError when ``file`` is a zoo file whose bytes are not the ones its manifest entry hashed;
+    any other file passes."""
+    file = Path(file).resolve()
+    if file.parent != ZOO.resolve() or not file.is_file():
+        return
+    entry = next((e for e in manifest().values() if e.get("file") == file.name), None)
+    if entry is not None and sha256(file) != entry["sha256"]:
+        raise CheckpointError(
+            f"{file} is not the file its manifest entry describes (sha256 {sha256(file)[:16]}..., "
+            f"{MANIFEST.name} says {entry['sha256'][:16]}...): it was changed or damaged; restore it "
+            f"(git checkout -- addernet/zoo/{file.name}, or re-clone) before using it."
+        )
+
+
+def write_manifest(entries):
+    """Replace manifest.json with ``entries`` atomically (a crash leaves the old manifest or the new one)."""
+    tmp = MANIFEST.with_name(f".{MANIFEST.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(entries, indent=2, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, MANIFEST)
 
 
 def inference_checkpoint(ckpt, data_root="data"):

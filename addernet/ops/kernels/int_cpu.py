@@ -11,6 +11,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from ..conv_args import out_hw
 from .build import cpu_isa, load_library
 
 LANES = {torch.uint8: 1, torch.uint16: 2}
@@ -78,8 +79,7 @@ def forward(x, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, pack
         )
     n, c, h, wd = x.shape
     o, cg, kh, kw = w.shape
-    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
+    ho, wo = out_hw(x.shape, w.shape, stride, padding, dilation)
     if ho < 1 or wo < 1:
         raise ValueError(f"integer adder kernel: padded input {h}x{wd} is smaller than the kernel {kh}x{kw}")
     if cg * kh * kw * (2 ** (8 * LANES[x.dtype]) - 1) >= 2**31:

@@ -1,0 +1,49 @@
+"""Export to ONNX: ``python -m addernet.tools.export_onnx checkpoint=PATH out=model.onnx [quant.bits=8] [opset=17]``.
+
+(``scripts/export_onnx.py`` is the same command.) The float model, or with quant.bits (or a quantised
+checkpoint of scripts/quantize.py) the quantised one, written with standard operators only
+(addernet/quant/onnx.py), input "images" (N, C, H, W) with a dynamic batch, output "logits";
+onnx.checker runs on the file. Needs the optional extras onnx (+ onnxruntime to run it):
+pip install -r requirements-extras.txt.
+"""
+
+import json
+import sys
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from ..engine.config import CONFIGS
+from ..engine.entry_checks import check_output_path, exit_on_bad_command_line
+from ..engine.eval_run import load_float_model
+from ..errors import reported
+from ..quant import quantize_for_eval
+from ..quant.onnx import export_onnx
+
+
+def export(cfg, overrides):
+    """Write the ONNX file ``cfg`` describes; returns the printed result."""
+    check_output_path(cfg.get("out"), "out", inputs=(cfg.get("checkpoint"),), overwrite=bool(cfg.overwrite))
+    model, cfg, _ = load_float_model(cfg, overrides, allow_quantized=True, entry="export_onnx")
+    model, info = quantize_for_eval(model, cfg)
+    size = int(cfg.data.image_size)
+    example = torch.zeros(2, int(cfg.data.in_channels), size, size)
+    export_onnx(model.eval(), cfg.out, example, int(cfg.opset))
+    return {"out": str(cfg.out), "opset": int(cfg.opset), "quant": info}
+
+
+@hydra.main(version_base="1.3", config_path=CONFIGS, config_name="export_onnx")
+def main(cfg):
+    with reported("export_onnx.py", errors=(OmegaConfBaseException, ValueError, ImportError)):
+        print(json.dumps(export(cfg, HydraConfig.get().overrides.task)), flush=True)
+
+
+def cli():
+    exit_on_bad_command_line(sys.argv[1:], "export_onnx", "export_onnx.py", run_dir=False)
+    main()
+
+
+if __name__ == "__main__":
+    cli()
