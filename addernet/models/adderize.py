@@ -248,4 +248,3 @@ def _verify(model, report, originals, example):
             UserWarning,
             stacklevel=3,
         )
-
