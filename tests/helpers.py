@@ -43,6 +43,33 @@ FAKE = [
 ]
 
 
+# Float tolerances (the derivation is in tests/README.md). float32 rounds each operation to a relative u = 2**-24;
+# a sum of n terms computed in any order (the order a CPU's SIMD width, oneDNN or its BLAS picks) is within
+# n * u * sum|terms| of the exact sum (Higham, Accuracy and Stability of Numerical Algorithms, bound gamma_n).
+U32 = 2.0**-24
+# Pinned metrics of a tiny deterministic run, relative: the widest reduction of such a run (batch norm over 16 x 24 x
+# 24 = 9,216 values) rounds by about sqrt(9216) * u = 6e-6 relative on average, different on each instruction set;
+# 12 SGD steps amplify it about tenfold. 1e-4 is above that and far below what any change to the method moves.
+PINNED_REL = 1e-4
+
+
+def f32_sum_bound(abs_sum, n):
+    """Largest error of a float32 sum of ``n`` terms whose absolute values sum to ``abs_sum``, in any order; doubled
+    for the rounding of the terms themselves."""
+    return 2 * n * U32 * abs_sum
+
+
+def assert_records_match(got, pinned, rel=PINNED_REL):
+    """metrics.jsonl records equal to pinned ones: float losses within ``rel`` (another CPU rounds differently),
+    everything else exact (epochs, learning rates computed in float64 from the schedule, percentages of counts)."""
+    assert [sorted(r) for r in got] == [sorted(r) for r in pinned]
+    for g, p in zip(got, pinned):
+        assert {k: v for k, v in g.items() if "loss" not in k} == {k: v for k, v in p.items() if "loss" not in k}
+        assert {k: v for k, v in g.items() if "loss" in k} == pytest.approx(
+            {k: v for k, v in p.items() if "loss" in k}, rel=rel
+        )
+
+
 # what a finished train.py run leaves in its run dir (plus .hydra/ when launched through Hydra)
 RUN_FILES = {"config.yaml", "train.log", "metrics.jsonl", "tensorboard", "checkpoints", ".lock", "run.json"}
 

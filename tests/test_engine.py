@@ -16,7 +16,7 @@ from addernet.engine import loop, train
 from addernet.optim import build_optimizer, build_scheduler
 
 from helpers import SigtermOn as _SigtermOn
-from helpers import compose, metrics_without_timing
+from helpers import assert_records_match, compose, metrics_without_timing
 
 FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false"]
 LENET_FAKE = [
@@ -31,9 +31,9 @@ LENET_FAKE = [
     *FAST,
 ]
 
-# Pinned on 2026-12-01 with the engine BEFORE the redesign (addernet/engine/trainer.py at 04b3a6a), then
-# reproduced bit for bit after it: LeNet-5-BN AdderNet on FakeData, 2 epochs, deterministic, one thread,
-# the unfold reference backend (so kernel optimisations cannot move the numbers).
+# Pinned on 2026-12-01 on an AVX2 host: LeNet-5-BN AdderNet on FakeData, 2 epochs, deterministic, one thread,
+# the unfold reference backend (so kernel optimisations cannot move the numbers). The losses are float32 sums whose
+# rounding depends on the instruction set oneDNN and the BLAS use, so they are compared at helpers.PINNED_REL.
 PINNED = [
     {
         "epoch": 1,
@@ -71,7 +71,8 @@ def test_deterministic_run_reproduces_the_pinned_numbers(tmp_path, monkeypatch, 
         ]
     )
     train(cfg, str(tmp_path / "run"))
-    assert metrics_without_timing(tmp_path / "run" / "metrics.jsonl") == PINNED
+    # regression of the numbers on any x86-64 CPU; bit-for-bit determinism is what the exact-resume tests check
+    assert_records_match(metrics_without_timing(tmp_path / "run" / "metrics.jsonl"), PINNED)
 
 
 @pytest.mark.slow  # two runs, 16 steps
