@@ -59,6 +59,13 @@ def f32_sum_bound(abs_sum, n):
     return 2 * n * U32 * abs_sum
 
 
+def f32_ce_bound(logits):
+    """Bound on the float32 error of a cross-entropy of ``logits`` (B x C): each log-probability is z - logsumexp(z),
+    a sum of C exponentials rounded to about u of |z| + |logsumexp|, and the mean adds B terms."""
+    z = logits.detach().double()
+    return f32_sum_bound((z.abs().amax(1) + z.logsumexp(1).abs()).mean().item(), z.shape[1] + z.shape[0])
+
+
 def assert_records_match(got, pinned, rel=PINNED_REL):
     """metrics.jsonl records equal to pinned ones: float losses within ``rel`` (another CPU rounds differently),
     everything else exact (epochs, learning rates computed in float64 from the schedule, percentages of counts)."""

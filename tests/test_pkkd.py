@@ -24,6 +24,7 @@ from helpers import (
     TINY_LENET,
     child_env,
     compose,
+    f32_sum_bound,
     load_script,
     metrics_without_timing,
     run_train,
@@ -107,7 +108,9 @@ def test_feature_loss_is_the_kernel_formula_by_unfolding_and_rho_starts_as_ident
     # First batch: the running means are this batch's means; rho is the identity.
     expected = F.mse_loss(torch.exp(-l1 / l1.mean()), torch.exp(-l2 / l2.mean()))
     assert out["feature"].item() == pytest.approx(expected.item(), rel=1e-4)
-    assert task.rho.student_scale.item() == pytest.approx(l1.mean().item(), rel=1e-5)
+    # a formula against float64: a float32 mean of l1.numel() positive sums of 150 positive terms each
+    exact = (ca.double()[:, None] - wa.double()[None, :, :, None]).abs().sum(2).mean().item()
+    assert task.rho.student_scale.item() == pytest.approx(exact, rel=f32_sum_bound(1, 150 + l1.numel()))
     assert out["loss"].item() == pytest.approx(
         (out["ce"] + 0.5 * out["kd"] + 3 * out["feature"] + out["teacher_ce"]).item(), rel=1e-6
     )
@@ -142,7 +145,7 @@ def test_adaptive_lr_touches_only_the_students_adder_weights():
     for name, p in [*task.teacher.named_parameters(), *task.rho.named_parameters()]:
         assert torch.equal(p.grad, others[name]), name
     g = task.model.conv2.weight.grad
-    assert g.norm().item() == pytest.approx(0.2 * g.numel() ** 0.5, rel=1e-5)
+    assert g.norm().item() == pytest.approx(0.2 * g.numel() ** 0.5, rel=f32_sum_bound(1, g.numel()))  # float32 norm
 
 
 def test_layer_selection_all_stage_last_and_names():
