@@ -66,6 +66,7 @@ def test_sigterm_is_honoured_at_the_next_step_and_resumes_from_an_explicit_path(
     train(
         compose(FAKE + ["trainer.epochs=2", "+task.sigterm_step=11", f"trainer.resume={last}"]), str(tmp_path / "new")
     )  # the same command: step 11 is behind the counter now
+    # determinism on one machine: runs made in this test, bit for bit
     assert metrics_without_timing(tmp_path / "new" / "metrics.jsonl") == metrics_without_timing(
         tmp_path / "reference" / "metrics.jsonl"
     )

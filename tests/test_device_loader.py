@@ -338,6 +338,7 @@ def test_mid_epoch_resume_equals_uninterrupted(tmp_path, jpeg_cifar):
         logging.getLogger("addernet.train").removeHandler(trigger)
     assert (load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["step"]) == 3
     train(compose(base), str(tmp_path / "run"))  # resumes from run/checkpoints/last.pt
+    # determinism on one machine: runs made in this test, bit for bit
     assert metrics_without_timing(tmp_path / "run" / "metrics.jsonl") == metrics_without_timing(
         tmp_path / "reference" / "metrics.jsonl"
     )

@@ -129,6 +129,7 @@ def test_a_task_owned_module_trains_is_checkpointed_and_resumes_exactly(tmp_path
         logging.getLogger("addernet.train").removeHandler(trigger)
     train(compose(base), str(tmp_path / "a"))  # resumes mid-epoch from last.pt
     got = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")
+    # determinism on one machine: runs made in this test, bit for bit
     assert all(torch.equal(head[k], got["task"]["head"][k]) for k in head)
     assert all(torch.equal(ref["model"][k], got["model"][k]) for k in ref["model"])
     assert metrics_without_timing(tmp_path / "a" / "metrics.jsonl") == metrics_without_timing(

@@ -254,6 +254,7 @@ def test_kill_and_resume_equals_uninterrupted_for_student_teacher_and_rho(tmp_pa
     assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
     assert log.read_text().count("resumed from") == 2
 
+    # determinism on one machine: runs made in this test, bit for bit
     assert metrics_without_timing(run / "metrics.jsonl") == metrics_without_timing(reference / "metrics.jsonl")
     ref, got = (load_checkpoint(r / "checkpoints" / "last.pt") for r in (reference, run))
     assert set(got["task"]) == {"teacher", "rho"}

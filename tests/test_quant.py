@@ -227,7 +227,7 @@ def test_quantize_model_swaps_every_adder_layer_and_keeps_stem_and_classifier(tm
     assert raw["quant"] == {"bits": 8} and raw["model"]["layer1.0.conv1.qweight"].dtype == torch.int8
     loaded, _ = load_quantized_into(build_model("resnet20").eval(), path)
     with torch.no_grad():
-        assert torch.equal(loaded(x), y)
+        assert torch.equal(loaded(x), y)  # determinism: the saved model and the loaded one, on this machine
     with pytest.raises(CheckpointError, match="do not match"):
         load_quantized_into(build_model("resnet32"), path)
 
@@ -260,5 +260,6 @@ def test_onnx_quantised_layer_equals_qadder_exactly(tmp_path, conf):
     q = quantize_layer(adder, act_range=1.0, bits=8, n_groups=4).eval()
     path = export_onnx(torch.nn.Sequential(q), tmp_path / "layer.onnx", x[:1])
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"images": x.numpy()})[0]
+    # exact on any CPU: integer sums, then the same float32 scaling in both (one IEEE rounding each)
     assert torch.equal(torch.from_numpy(got), q(x))
     assert torch.equal(OnnxQAdder2d(q)(x), q(x))

@@ -153,7 +153,7 @@ def test_load_quantized_returns_the_integer_network(tmp_path):
     x = _images(4, 4)
     net = load_quantized(path)
     assert isinstance(net, IntegerResNet) and not net.training
-    assert torch.equal(net(x), IntegerResNet(model)(x))
+    assert torch.equal(net(x), IntegerResNet(model)(x))  # determinism: the same network rebuilt from its file
     layers = load_quantized(path, runtime="layers")
     assert isinstance(layers.layer1[0].conv1, QAdder2d)
     with torch.no_grad():

@@ -269,6 +269,7 @@ def test_options_together_resume_exactly_after_sigterm_and_test_py_evaluates_the
     proc = start_train(_options_args(jpeg_cifar, run))
     assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
 
+    # determinism on one machine: runs made in this test, bit for bit
     records = metrics_without_timing(run / "metrics.jsonl")
     assert records == metrics_without_timing(reference / "metrics.jsonl")
     assert {"ema_val_loss", "ema_val_top1", "ema_val_top5"} <= set(records[-1])
@@ -387,6 +388,7 @@ def test_debug_preset_is_one_deterministic_epoch_of_a_few_batches(tmp_path, jpeg
     ]  # the fixture has 48 / 37 images
     for name in ("a", "b"):
         train(compose(args), str(tmp_path / name))
+    # determinism on one machine: runs made in this test, bit for bit
     records = metrics_without_timing(tmp_path / "a" / "metrics.jsonl")
     assert records == metrics_without_timing(tmp_path / "b" / "metrics.jsonl")
     assert len(records) == 1 and records[0]["val_n"] == 20
