@@ -328,6 +328,53 @@ def signal_at(proc, log, line, sig, timeout=240):
     return proc.wait(timeout=120)
 
 
+def assert_exact_resume(args, at, root, kill_at=None, parts=("model",)):
+    """Determinism on one machine: the run ``args`` trained uninterrupted (in this process) into root/reference, and
+    into root/interrupted stopped by SIGTERM when its train.log reads ``at``, then (``kill_at``) resumed and killed
+    by SIGKILL there, then resumed to the end, give bit-identical metrics and last.pt ``parts`` ("model", "ema",
+    "task"). Without ``kill_at`` the stop is in this process (helpers.SigtermOn), with it train.py processes.
+    Returns the (reference, interrupted) last.pt checkpoints."""
+    import torch
+
+    from addernet.checkpoint import load_checkpoint
+    from addernet.engine import train
+    from addernet.errors import Preempted
+
+    reference, run = Path(root) / "reference", Path(root) / "interrupted"
+    train(compose(args), str(reference))
+    if kill_at is None:
+        trigger = SigtermOn(at)
+        logging.getLogger("addernet.train").addHandler(trigger)
+        try:
+            with pytest.raises(Preempted):
+                train(compose(args), str(run))
+        finally:
+            logging.getLogger("addernet.train").removeHandler(trigger)
+        assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] >= 1  # saved mid-epoch
+        train(compose(args), str(run))
+    else:
+        command = [*args, f"hydra.run.dir={run}"]
+        proc = start_train(command)
+        assert signal_at(proc, run / "train.log", at, signal.SIGTERM) == 143, proc.stderr.read()[-2000:]
+        assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] >= 1  # saved mid-epoch
+        proc = start_train(command)
+        assert signal_at(proc, run / "train.log", kill_at, signal.SIGKILL) == -signal.SIGKILL
+        proc = start_train(command)
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
+        assert (run / "train.log").read_text().count("resumed from") == 2
+    assert metrics_without_timing(run / "metrics.jsonl") == metrics_without_timing(reference / "metrics.jsonl")
+    ref, got = (load_checkpoint(r / "checkpoints" / "last.pt") for r in (reference, run))
+    for part in parts:
+        if part == "task":
+            assert set(ref["task"]) == set(got["task"])
+            states = [(f"task.{k}", ref["task"][k], got["task"][k]) for k in ref["task"]]
+        else:
+            states = [(part, ref[part], got[part])]
+        for name, want, have in states:
+            assert set(want) == set(have) and all(torch.equal(want[k], have[k]) for k in want), name
+    return ref, got
+
+
 # ---------------------------------------------------------------- test-only training tasks (task.name=helpers.X)
 import torch  # noqa: E402
 

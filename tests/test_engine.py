@@ -2,7 +2,6 @@
 host synchronisation, optimizer/schedule factories, and the error hierarchy."""
 
 import json
-import logging
 import math
 import traceback
 
@@ -15,8 +14,7 @@ from addernet.checkpoint import load_checkpoint
 from addernet.engine import loop, train
 from addernet.optim import build_optimizer, build_scheduler
 
-from helpers import SigtermOn as _SigtermOn
-from helpers import assert_records_match, compose, metrics_without_timing
+from helpers import assert_exact_resume, assert_records_match, compose, metrics_without_timing
 
 FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false"]
 LENET_FAKE = [
@@ -112,29 +110,12 @@ def test_a_task_owned_module_trains_is_checkpointed_and_resumes_exactly(tmp_path
         "trainer.log_every=1",
         "task.name=helpers.AuxHeadTask",
     ]
-    train(compose(base), str(tmp_path / "reference"))
-    ref = load_checkpoint(tmp_path / "reference" / "checkpoints" / "last.pt")
+    ref, _ = assert_exact_resume(base, at="epoch 2/2 step 3/4", root=tmp_path, parts=("model", "task"))
     head = ref["task"]["head"]
     torch.manual_seed(1234)
     untrained = torch.nn.Linear(10, 10).state_dict()
     assert not torch.equal(head["weight"], untrained["weight"])  # in the optimizer: it trained
     assert all(n in ref["optimizer"]["state"] for n in range(len(ref["optimizer"]["param_groups"][1]["params"])))
-
-    trigger = _SigtermOn("epoch 2/2 step 3/4")
-    logging.getLogger("addernet.train").addHandler(trigger)
-    try:
-        with pytest.raises(errors.Preempted):
-            train(compose(base), str(tmp_path / "a"))
-    finally:
-        logging.getLogger("addernet.train").removeHandler(trigger)
-    train(compose(base), str(tmp_path / "a"))  # resumes mid-epoch from last.pt
-    got = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")
-    # determinism on one machine: runs made in this test, bit for bit
-    assert all(torch.equal(head[k], got["task"]["head"][k]) for k in head)
-    assert all(torch.equal(ref["model"][k], got["model"][k]) for k in ref["model"])
-    assert metrics_without_timing(tmp_path / "a" / "metrics.jsonl") == metrics_without_timing(
-        tmp_path / "reference" / "metrics.jsonl"
-    )
 
 
 def _in_data_loading():

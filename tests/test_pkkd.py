@@ -3,7 +3,6 @@ gradient leaks between the networks, the adaptive LR touches only the student's 
 of the student, layer selection, bad input, and DDP (2 gloo ranks) equals one process on the whole batch."""
 
 import copy
-import signal
 import sys
 
 import pytest
@@ -22,14 +21,12 @@ from addernet.tasks.kernels import conv_sq_distance, gaussian_kernel, laplacian_
 from helpers import (
     TESTS,
     TINY_LENET,
+    assert_exact_resume,
     child_env,
     compose,
     f32_sum_bound,
     load_script,
-    metrics_without_timing,
     run_train,
-    signal_at,
-    start_train,
     torchrun,
 )
 
@@ -240,27 +237,15 @@ def _resume_args(root, run=None):
 
 @pytest.mark.slow
 def test_kill_and_resume_equals_uninterrupted_for_student_teacher_and_rho(tmp_path, jpeg_cifar):
-    reference = tmp_path / "reference"
-    train(compose(_resume_args(jpeg_cifar)), str(reference))
-
-    run = tmp_path / "interrupted"
-    log = run / "train.log"
-    proc = start_train(_resume_args(jpeg_cifar, run))  # SIGTERM mid-epoch 2: a mid-epoch last.pt (RNG included)
-    assert signal_at(proc, log, "epoch 2/3 step 2/6", signal.SIGTERM) == 143, proc.stderr.read()[-2000:]
-    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] >= 2
-    proc = start_train(_resume_args(jpeg_cifar, run))  # SIGKILL mid-epoch 3: nothing saved
-    assert signal_at(proc, log, "epoch 3/3 step 3/6", signal.SIGKILL) == -signal.SIGKILL
-    proc = start_train(_resume_args(jpeg_cifar, run))
-    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
-    assert log.read_text().count("resumed from") == 2
-
-    # determinism on one machine: runs made in this test, bit for bit
-    assert metrics_without_timing(run / "metrics.jsonl") == metrics_without_timing(reference / "metrics.jsonl")
-    ref, got = (load_checkpoint(r / "checkpoints" / "last.pt") for r in (reference, run))
+    # SIGTERM mid-epoch 2 (a mid-epoch last.pt, RNG included), SIGKILL mid-epoch 3 (nothing saved), resume
+    ref, got = assert_exact_resume(
+        _resume_args(jpeg_cifar),
+        at="epoch 2/3 step 2/6",
+        kill_at="epoch 3/3 step 3/6",
+        root=tmp_path,
+        parts=("model", "task"),
+    )
     assert set(got["task"]) == {"teacher", "rho"}
-    for name, state in [("model", ref["model"]), *(("task." + k, v) for k, v in ref["task"].items())]:
-        other = got["model"] if name == "model" else got["task"][name[5:]]
-        assert set(state) == set(other) and all(torch.equal(state[k], other[k]) for k in state), name
     init = build_task(model_from_config(compose(_resume_args(jpeg_cifar))), compose(_resume_args(jpeg_cifar)))
     assert not torch.equal(init.teacher.conv2.weight, ref["task"]["teacher"]["conv2.weight"])  # the teacher trained
 

@@ -215,7 +215,7 @@ def test_quantize_model_swaps_every_adder_layer_and_keeps_stem_and_classifier(tm
     model = build_model("resnet20").eval()
     ref = build_model("resnet20").eval()
     ref.load_state_dict(model.state_dict())
-    quantize_model(model, _tiny_loader(), quant_cfg(bits=8, groups=2))
+    quantize_model(model, _tiny_loader(n=8), quant_cfg(bits=8, groups=2))  # one calibration batch is enough here
     assert not any(isinstance(m, Adder2d) for m in model.modules())
     assert sum(isinstance(m, QAdder2d) for m in model.modules()) == 20  # 18 3x3 + 2 downsample 1x1
     assert torch.equal(model.conv1.weight, ref.conv1.weight) and torch.equal(model.fc.weight, ref.fc.weight)

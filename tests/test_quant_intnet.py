@@ -29,7 +29,7 @@ def _images(n, seed):
 @torch.no_grad()
 def _quantised_resnet20(bits, groups=4):
     """A ResNet-20 with BatchNorm statistics from its own activations, filters spread over a wide range of
-    max|w| (so groups get different scales), quantised on 32 images."""
+    max|w| (so groups get different scales), quantised on 16 images (one calibration batch)."""
     torch.manual_seed(0)
     model = build_model("resnet20")
     for m in model.modules():
@@ -40,7 +40,7 @@ def _quantised_resnet20(bits, groups=4):
     model.train()
     model(_images(32, 0))
     model.eval()
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(_images(32, 1), torch.zeros(32)), batch_size=16)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(_images(16, 1), torch.zeros(16)), batch_size=16)
     return quantize_model(model, loader, OmegaConf.merge(QUANT_DEFAULTS, {"bits": bits, "groups": groups}))
 
 

@@ -187,6 +187,8 @@ def test_the_adder_backend_is_applied_from_the_config_and_recorded(tmp_path, mon
     cfg = compose(
         [
             "data=fake",
+            "model=lenet5_bn",  # two adder layers: the eager kernel is slow on a ResNet-20
+            "data.image_size=28",
             "data.train_size=8",
             "data.val_size=4",
             "data.batch_size=4",
