@@ -328,6 +328,20 @@ def signal_at(proc, log, line, sig, timeout=240):
     return proc.wait(timeout=120)
 
 
+def preempt_at(args, at, run):
+    """Train ``args`` in this process into ``run`` until its log reads ``at``, where a SIGTERM stops it (Preempted)."""
+    from addernet.engine import train
+    from addernet.errors import Preempted
+
+    trigger = SigtermOn(at)
+    logging.getLogger("addernet.train").addHandler(trigger)
+    try:
+        with pytest.raises(Preempted):
+            train(compose(args), str(run))
+    finally:
+        logging.getLogger("addernet.train").removeHandler(trigger)
+
+
 def assert_exact_resume(args, at, root, kill_at=None, parts=("model",)):
     """Determinism on one machine: the run ``args`` trained uninterrupted (in this process) into root/reference, and
     into root/interrupted stopped by SIGTERM when its train.log reads ``at``, then (``kill_at``) resumed and killed
@@ -338,18 +352,11 @@ def assert_exact_resume(args, at, root, kill_at=None, parts=("model",)):
 
     from addernet.checkpoint import load_checkpoint
     from addernet.engine import train
-    from addernet.errors import Preempted
 
     reference, run = Path(root) / "reference", Path(root) / "interrupted"
     train(compose(args), str(reference))
     if kill_at is None:
-        trigger = SigtermOn(at)
-        logging.getLogger("addernet.train").addHandler(trigger)
-        try:
-            with pytest.raises(Preempted):
-                train(compose(args), str(run))
-        finally:
-            logging.getLogger("addernet.train").removeHandler(trigger)
+        preempt_at(args, at, run)
         assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] >= 1  # saved mid-epoch
         train(compose(args), str(run))
     else:
