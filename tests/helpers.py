@@ -30,17 +30,19 @@ OFFICIAL_R20 = SHARED / "official" / "ResNet20-AdderNet.pth"
 OFFICIAL_LOGITS = SHARED / "official" / "ResNet20-AdderNet.cifar10-test-sample.jsonl"
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
-# Overrides of a tiny training run: LeNet-5-BN on 28x28 FakeData, 2 steps of 16 per epoch, no workers or bars.
+# The base of every tiny training run: LeNet-5-BN on 28x28 FakeData, no loader workers, no progress bar. Each
+# test adds its sizes and options to it (the lists below and in the test modules name only what differs).
 FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
-FAKE = [
-    "data=fake",
-    "data.train_size=32",
-    "data.val_size=8",
-    "data.batch_size=16",
+TINY_RUN = [
     "model=lenet5_bn",
+    "data=fake",
     "data.image_size=28",
-    *FAST,
+    "data.num_workers=0",
+    "data.pin_memory=false",
+    "trainer.progress=false",
 ]
+# 2 steps of 16 per epoch, a log line per step
+FAKE = [*TINY_RUN, "data.train_size=32", "data.val_size=8", "data.batch_size=16", "trainer.log_every=1"]
 
 
 # Float tolerances (the derivation is in tests/README.md). float32 rounds each operation to a relative u = 2**-24;
@@ -80,17 +82,8 @@ def assert_records_match(got, pinned, rel=PINNED_REL):
 # what a finished train.py run leaves in its run dir (plus .hydra/ when launched through Hydra)
 RUN_FILES = {"config.yaml", "train.log", "metrics.jsonl", "tensorboard", "checkpoints", ".lock", "run.json"}
 
-# a LeNet-5-BN on 16 FakeData images, CPU, no progress bar (trainer.epochs and the rest added by each test)
-TINY_LENET = [
-    "model=lenet5_bn",
-    "data=fake",
-    "data.image_size=28",
-    "data.train_size=16",
-    "data.val_size=8",
-    "data.batch_size=8",
-    "trainer.progress=false",
-    "trainer.device=cpu",
-]
+# 2 steps of 8 per epoch on the CPU (trainer.epochs and the rest added by each test)
+TINY_LENET = [*TINY_RUN, "data.train_size=16", "data.val_size=8", "data.batch_size=8", "trainer.device=cpu"]
 
 
 def folder_run(root, *extra):

@@ -14,19 +14,15 @@ from addernet.checkpoint import load_checkpoint
 from addernet.engine import loop, train
 from addernet.optim import build_optimizer, build_scheduler
 
-from helpers import assert_exact_resume, assert_records_match, compose, metrics_without_timing
+from helpers import TINY_RUN, assert_exact_resume, assert_records_match, compose, metrics_without_timing
 
-FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false"]
 LENET_FAKE = [
-    "data=fake",
-    "model=lenet5_bn",
-    "data.image_size=28",
+    *TINY_RUN,
     "data.in_channels=1",
     "data.mean=[0.5]",
     "data.std=[0.5]",
     "data.val_size=32",
     "data.batch_size=16",
-    *FAST,
 ]
 
 # Pinned on 2026-12-01 on an AVX2 host: LeNet-5-BN AdderNet on FakeData, 2 epochs, deterministic, one thread,

@@ -12,17 +12,14 @@ from addernet.engine import evaluate, model_from_config, train
 from addernet.errors import CheckpointError, ConfigError
 from addernet.tasks import build_task
 
-from helpers import compose, f32_ce_bound, f32_sum_bound, run_train
+from helpers import TINY_RUN, compose, f32_ce_bound, f32_sum_bound, run_train
 
 TINY = [
-    "model=lenet5_bn",
-    "data=fake",
-    "data.image_size=28",
+    *TINY_RUN,
     "data.train_size=24",
     "data.val_size=10",
     "data.batch_size=8",
     "trainer.epochs=2",
-    "trainer.progress=false",
     "trainer.log_every=1",
     "trainer.device=cpu",
 ]
