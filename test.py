@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 from addernet import distributed as dist
 from addernet.engine.entry_checks import exit_on_bad_command_line
 from addernet.engine.eval_run import evaluate_checkpoint, implied_data_choice, report
+from addernet.engine.outputs import setup_logging
 from addernet.engine.sweep import record_failure, sweep_exit_code
 from addernet.errors import AdderNetError
 
@@ -26,6 +27,7 @@ IMPLIED = implied_data_choice(sys.argv[1:], CONFIGS) if __name__ == "__main__" e
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="test")
 def main(cfg):
+    restore_logging = setup_logging(None, dist.env_rank() == 0)  # [addernet.data] lines, not Hydra's [HYDRA]
     try:
         result = evaluate_checkpoint(cfg, [o for o in HydraConfig.get().overrides.task if o != IMPLIED])
         if dist.is_main():
@@ -38,6 +40,7 @@ def main(cfg):
         print("test.py: interrupted", file=sys.stderr)
         sys.exit(130)
     finally:
+        restore_logging()
         dist.cleanup()
 
 

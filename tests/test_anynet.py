@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import torchvision
 from omegaconf import OmegaConf
 
-from addernet import AdaptiveLR, Adder2d, AdderAttention, AdderLinear, adder_linear, adderize, l1_scores
+from addernet import AdaptiveLR, Adder2d, AdderAttention, AdderLinear, adder2d, adder_linear, adderize, l1_scores
 from addernet.analysis import count_ops
 from addernet.engine import model_from_config
 from addernet.errors import ConfigError
@@ -427,3 +427,162 @@ def test_pkkd_names_what_it_cannot_distil_and_kd_takes_any_teacher(tmp_path):
         want = teacher(x)
     torch.testing.assert_close(task.teacher(x), want)  # the teacher is the saved network, frozen
     assert any(m.weight.grad is not None for m in task.model.modules() if isinstance(m, AdderLinear))
+
+
+# ---- converter verification: layers the network never calls, networks without adder layers
+
+
+class _ReadsWeight(nn.Module):
+    """A block that calls `body` as a module but reads `proj.weight` itself (as torchvision's Swin does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.body, self.norm = nn.Linear(4, 6), nn.Linear(6, 6), nn.LayerNorm(6)
+        self.proj, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.norm(self.body(self.stem(x)))
+        return self.head(F.linear(h, self.proj.weight, self.proj.bias))
+
+
+def test_adderize_puts_back_layers_the_network_does_not_call():
+    model = _ReadsWeight()
+    proj = model.proj
+    with pytest.warns(UserWarning, match=r"1 layer\(s\) stay multiplicative .*\(proj\)"):
+        report = adderize(model, linear=True, keep_first=False, example=(2, 4))
+    assert [n for n, _ in report.replaced] == ["stem", "body"] and [n for n, _ in report.reverted] == ["proj"]
+    assert model.proj is proj and type(model.body) is AdderLinear  # the original module, weights and all
+    x = torch.randn(5, 4)
+    h = model.norm(adder_linear(adder_linear(x, model.stem.weight, model.stem.bias), model.body.weight))
+    torch.testing.assert_close(model(x), model.head(h @ proj.weight.T + proj.bias))
+    assert report.missing_norm == ["stem"]  # the reverted layer is no adder layer of the diagnosis
+
+    with pytest.raises(ValueError, match=r"check forward pass on an input of shape \(2, 5\) failed"):
+        adderize(_ReadsWeight(), linear=True, example=(2, 5))
+
+
+def test_torchvision_swin_keeps_the_projections_it_calls_through_their_weight():
+    with torch.device("meta"), pytest.warns(UserWarning, match="24 layer"):
+        model = build_model("torchvision", arch="swin_t", linear=True, missing_norm="ignore")
+    reverted = [n for n, _ in model.adderize_report.reverted]
+    assert len(reverted) == 24 and all(n.endswith(("attn.qkv", "attn.proj")) for n in reverted)
+    for name, m in model.named_modules():
+        assert not isinstance(m, AdderLinear) or "attn" not in name
+        if name.endswith(("attn.qkv", "attn.proj")):
+            assert type(m) is nn.Linear
+    assert sum(isinstance(m, AdderLinear) for m in model.modules()) == len(model.adderize_report.replaced) == 27
+
+
+@pytest.mark.parametrize(
+    "name,options,found",
+    [
+        ("torchvision", {"arch": "vit_b_16"}, "it has 1 Conv2d, 25 Linear; conv_proj kept"),
+        ("torchvision", {"arch": "swin_t"}, "it has 1 Conv2d, 52 Linear; features.0.0 kept"),
+        (
+            "vit",
+            {"scores": "dot", "identity": "none", "proj": "linear", "mlp": "linear"},
+            "it has 1 Conv2d, 25 Linear. To train",
+        ),
+    ],
+)
+def test_an_adder_model_without_adder_layers_is_an_error(name, options, found):
+    with torch.device("meta"), pytest.raises(ValueError, match=f"with layer=adder has no adder layer: {found}"):
+        build_model(name, "adder", **options)
+    with torch.device("meta"):
+        build_model(name, "conv", **options)  # the CNN / plain form is what it is
+
+
+def test_shape_only_modules_lead_the_norm_diagnosis_to_the_next_layer():
+    def block():
+        return nn.Sequential(
+            nn.Conv2d(3, 8, 3),
+            nn.BatchNorm2d(8),
+            nn.Conv2d(8, 8, 3, groups=8),  # ConvNeXt's depthwise conv -> Permute -> LayerNorm
+            torchvision.ops.Permute([0, 2, 3, 1]),
+            nn.LayerNorm(8),
+            torchvision.ops.Permute([0, 3, 1, 2]),
+            nn.Conv2d(8, 8, 1),  # -> Flatten -> Dropout -> Unflatten -> BatchNorm
+            nn.Flatten(2),
+            nn.Dropout(),
+            nn.Unflatten(2, (4, 4)),
+            nn.BatchNorm2d(8),
+            nn.Conv2d(8, 8, 1),  # -> Permute -> ReLU: no norm
+            torchvision.ops.Permute([0, 2, 3, 1]),
+            nn.ReLU(),
+            nn.Flatten(),
+            nn.Linear(128, 2),
+        )
+
+    with pytest.raises(ValueError, match=r"1 adder layer\(s\) feed no normalisation layer \(11\)"):
+        adderize(block(), missing_norm="error")
+    report = adderize(model := block(), missing_norm="insert")
+    assert report.inserted == ["11"] and [n for n, _ in report.replaced] == ["2", "6", "11"]
+    assert model(torch.randn(2, 3, 8, 8)).shape == (2, 2)
+
+    with torch.device("meta"):
+        convnext = torchvision.models.convnext_tiny(num_classes=10)
+    report = adderize(convnext, missing_norm="ignore")
+    dw = [n for n, _ in report.replaced if n.endswith("block.0")]
+    assert len(dw) == 18 and not set(dw) & set(report.missing_norm)  # depthwise -> Permute -> LayerNorm
+    assert report.missing_norm == ["features.2.1", "features.4.1", "features.6.1"]  # downsample -> adder dwconv
+
+
+@pytest.mark.parametrize("arch", ["googlenet", "inception_v3"])
+def test_torchvision_networks_with_auxiliary_heads_give_logits_in_training(arch):
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torchvision's weight-init notice
+        model = build_model("torchvision", "adder", arch=arch).train()
+        out = model(torch.empty(2, 3, 224, 224))
+    assert isinstance(out, torch.Tensor) and out.shape == (2, 10)
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (["model=torchvision", "model.arch=vit_b_16", "model.layer=conv"], "takes 224x224 images only"),
+        (["model=vit", "data.image_size=16", "model.image_size=32"], r"built for 32x32 images \(64 patches"),
+    ],
+)
+def test_input_sizes_a_transformer_cannot_take_are_one_line(overrides, match):
+    from addernet.engine.config import check_input_size
+
+    cfg = compose(["data=fake", *overrides])
+    with pytest.raises(ConfigError, match=match):
+        check_input_size(cfg)
+
+
+def test_torchvision_regnet_builds_on_the_meta_device():
+    with torch.device("meta"):
+        model = build_model("torchvision", "adder", arch="regnet_x_400mf")
+        assert model(torch.empty(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_empty_batches_pass_through_adder_linear_attention_and_scores():
+    for shape in [(0, 4), (2, 0, 4)]:
+        x = torch.randn(shape, requires_grad=True)
+        layer, ref = AdderLinear(4, 3, bias=True), nn.Linear(4, 3)
+        y = layer(x)
+        assert y.shape == ref(x).shape
+        y.sum().backward()
+        assert torch.equal(x.grad, torch.zeros(shape)) and torch.equal(layer.weight.grad, torch.zeros(3, 4))
+    for shape in [(0, 5, 8), (2, 0, 8)]:
+        assert AdderAttention(8, 2)(torch.randn(shape)).shape == shape
+    q = torch.randn(2, 3, 4)
+    assert l1_scores(q[:0], torch.randn(0, 5, 4)).shape == (0, 3, 5)
+    assert l1_scores(q[:, :0], torch.randn(2, 5, 4)).shape == (2, 0, 5)
+    assert l1_scores(q, torch.randn(2, 0, 4)).shape == (2, 3, 0)
+    assert torch.equal(l1_scores(q[..., :0], torch.randn(2, 5, 0)), torch.zeros(2, 3, 5))  # no feature: distance 0
+
+
+def test_l1_scores_under_autocast_are_float32_like_adder2d():
+    q = torch.full((1, 2, 128), 300.0) + torch.randn(1, 2, 128)
+    k = torch.full((1, 3, 128), -300.0) + torch.randn(1, 3, 128)  # scores about -76800: beyond float16
+    want = -(q.double().unsqueeze(-2) - k.double().unsqueeze(-3)).abs().sum(-1)
+    for dtype in (torch.float16, torch.bfloat16):
+        with torch.autocast("cpu", dtype=dtype):
+            s = l1_scores(q.to(dtype), k.to(dtype))
+            y = adder2d(q.to(dtype).view(1, 2, 128, 1).transpose(1, 2), torch.ones(1, 128, 1, 1))
+        assert s.dtype == y.dtype == torch.float32 and torch.isfinite(s).all()
+        ref = -(q.to(dtype).double().unsqueeze(-2) - k.to(dtype).double().unsqueeze(-3)).abs().sum(-1)
+        torch.testing.assert_close(s.double(), ref, rtol=1e-6, atol=0)
+    torch.testing.assert_close(l1_scores(q, k).double(), want, rtol=1e-6, atol=0)

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn as nn
 from omegaconf import OmegaConf
 
 from addernet import Adder2d
@@ -11,7 +12,8 @@ from addernet.engine import ConfigError, check_config, model_from_config
 
 from helpers import REPO, compose
 
-NOT_PAPER_ROWS = {"quickstart", "debug"}  # presets that are not a row of the paper's tables
+# presets that are not a row of the paper's tables (conv2: the LeNet AdderNet variant with stem and fcs multiplicative)
+NOT_PAPER_ROWS = {"quickstart", "debug", "mnist_lenet5_bn_adder_conv2"}
 PRESETS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml") if p.stem not in NOT_PAPER_ROWS)
 DATA_KEYS = {
     "name",
@@ -69,6 +71,9 @@ def test_preset_composes_with_the_paper_recipe_and_builds(preset):
     model = model_from_config(cfg)
     n_adder = sum(isinstance(m, Adder2d) for m in model.modules())
     assert (n_adder > 0) == (form != "cnn")
+    if preset == "mnist_lenet5_bn_adder":  # the paper's network: every conv and fc an adder layer (Sec. 4.1)
+        assert cfg.model.adder_layers == "all"
+        assert not any(isinstance(m, (nn.Conv2d, nn.Linear)) for m in model.modules())
     if dataset != "imagenet" and (form == "cnn" or model_name in ("resnet20", "lenet5_bn")):
         size = cfg.data.image_size
         x = torch.randn(2, cfg.data.in_channels, size, size)
@@ -130,3 +135,9 @@ def test_every_experiment_file_documents_its_paper_number():
             continue
         text = p.read_text()
         assert text.startswith("# @package _global_") and "paper" in text and "%" in text, p.name
+
+
+def test_conv2_only_lenet_variant_keeps_stem_and_fcs_multiplicative():
+    model = model_from_config(compose(["experiment=mnist_lenet5_bn_adder_conv2"]))
+    assert [n for n, m in model.named_modules() if isinstance(m, Adder2d)] == ["conv2"]
+    assert {n for n, m in model.named_modules() if isinstance(m, nn.Linear)} == {"fc1", "fc2", "fc3"}

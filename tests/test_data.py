@@ -43,6 +43,32 @@ def test_missing_download_names_folder_files_and_override(tmp_path, data, expect
     assert str(tmp_path) in msg and all(f in msg for f in expected.split(", ")) and "data.root=" in msg
 
 
+@pytest.mark.parametrize(
+    "data, module, url", [("mnist", "mnist", "/train-images-idx3-ubyte.gz"), ("cifar10", "cifar", "")]
+)
+def test_failed_download_says_what_failed_and_how_to_get_the_data_without_network(
+    tmp_path, monkeypatch, data, module, url
+):
+    from urllib.error import URLError
+
+    tried = []
+
+    def offline(url, *args, **kwargs):
+        tried.append(url)
+        raise URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(f"torchvision.datasets.{module}.download_and_extract_archive", offline)
+    with pytest.raises(DataError) as e:
+        build_dataset(_cfg(f"data={data}", f"data.root={tmp_path}", "data.download=true"), "val")
+    msg = str(e.value)
+    assert tried and all(u.endswith(url) for u in tried)
+    assert all(u.removesuffix(url) in msg for u in tried) and "Temporary failure in name resolution" in msg
+    assert "data.download=true" not in msg  # already true: the fix is data elsewhere, pointed at with data.root
+    folder = {"mnist": "MNIST/raw", "cifar10": "cifar-10-batches-py"}[data]
+    assert str(tmp_path / folder) in msg and f"layout <data.root>/{folder}/" in msg and "data.root=<" in msg
+    assert "\n" not in msg
+
+
 def test_missing_image_folder_names_the_override(tmp_path):
     with pytest.raises(DataError, match="data.val_dir=") as e:
         build_dataset(_cfg("data=imagenet", f"data.root={tmp_path}"), "val")

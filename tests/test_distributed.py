@@ -42,7 +42,7 @@ def test_torchrun_two_cpu_processes(tmp_path):
     tb = run / "tensorboard"
     # rank 0's writer and, in the same dir (one run in TensorBoard), its hparams writer
     assert len([p for p in tb.iterdir() if p.name.startswith("events")]) == 2
-    assert not any(p.is_dir() for p in tb.iterdir())
+    assert [p.name for p in tb.iterdir() if p.is_dir()] == ["diagnostics"]  # the per-layer run
     log = (run / "train.log").read_text()
     assert "| 2 process(es) |" in log and log.count("epoch 2/2 lr") == 1 and log.count("epoch 1/2 step 4/4") == 1
 

@@ -65,7 +65,9 @@ def layer(module):
 
 def test_every_module_has_a_layer(graph):
     unplaced = sorted({layer(m) for m in graph if layer(m) is not None} - set(RANK))
-    assert not unplaced, f"place these in LAYERS (tests/test_layers.py) and the README's layer diagram: {unplaced}"
+    assert not unplaced, (
+        f"place these in LAYERS (tests/test_layers.py) and the layer diagram of docs/layout.md: {unplaced}"
+    )
 
 
 def test_no_import_cycle_between_modules(graph):

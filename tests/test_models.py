@@ -6,7 +6,7 @@ import torch.nn as nn
 import torchvision
 
 from addernet import Adder2d
-from addernet.models import MODELS, NATIVE_DATA, build_model
+from addernet.models import MODELS, NATIVE_DATA, build_model, model_label
 
 from helpers import compose
 
@@ -173,3 +173,36 @@ def test_model_configs_build_at_their_datasets_resolution(name, data):
             s = cfg.data.image_size
             y = model(torch.empty(1, cfg.data.in_channels, s, s, device="meta"))
             assert y.shape == (1, cfg.data.num_classes)
+
+
+def test_all_adder_lenet_has_every_weight_layer_adder_each_followed_by_batchnorm():
+    from addernet import AdaptiveLR, AdderLinear
+
+    model = build_model("lenet5_bn", "adder", adder_layers="all")
+    weights = [n for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear, Adder2d, AdderLinear))]
+    assert weights == ["conv1", "conv2", "fc1", "fc2", "fc3"]
+    assert all(isinstance(model.get_submodule(n), (Adder2d, AdderLinear)) for n in weights)
+    assert AdaptiveLR(model).names == weights
+    # what each adder layer's output feeds, in call order: a BatchNorm, always
+    order = []
+    for n, m in model.named_modules():
+        if isinstance(m, (Adder2d, AdderLinear, nn.BatchNorm1d, nn.BatchNorm2d)):
+            m.register_forward_hook(lambda mod, i, o, n=n: order.append(n))
+    model(torch.randn(4, 1, 28, 28)).sum().backward()
+    assert order == ["conv1", "bn1", "conv2", "bn2", "fc1", "bn3", "fc2", "bn4", "fc3", "bn5"]
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    twin = build_model("lenet5_bn", "conv", adder_layers="all")
+    assert {k: v.shape for k, v in twin.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
+    assert not any(isinstance(m, (Adder2d, AdderLinear)) for m in twin.modules())
+
+
+def test_lenet_adder_layers_option_is_checked():
+    with pytest.raises(ValueError, match="model.adder_layers=body"):
+        build_model("lenet5_bn", "adder", adder_layers="fc")
+
+
+def test_the_log_label_names_the_wrapped_torchvision_architecture():
+    assert model_label(compose(["model=torchvision", "model.arch=mobilenet_v3_small"]).model) == (
+        "torchvision mobilenet_v3_small (adder)"
+    )
+    assert model_label(compose(["model=resnet20", "model.layer=conv"]).model) == "resnet20 (conv)"

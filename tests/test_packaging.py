@@ -1,10 +1,14 @@
 """The package installs with pip (pyproject.toml) and works from any directory, its C kernel sources included."""
 
+import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import REPO
 
@@ -47,3 +51,61 @@ def test_pip_installed_wheel_imports_and_runs_from_another_directory(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
     assert list((tmp_path / "cache").glob("adder_cpu_*.so"))  # the fast kernel compiled from the installed sources
+
+
+def editable_line():
+    """requirements.txt's editable install of this repository, as pip arguments."""
+    [line] = [x for x in (REPO / "requirements.txt").read_text().splitlines() if x.startswith("-e ")]
+    return line.split("#")[0].split()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs git and a git checkout")
+def test_a_clone_named_addernet_does_not_shadow_its_editable_install(tmp_path):
+    """Cloned into a folder named addernet and used from its parent, the folder would be imported as an empty
+    namespace package ahead of an import-hook editable install; requirements.txt's path-based mode prevents it."""
+    clone, venv = tmp_path / "addernet", tmp_path / "venv"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
+    ).stdout.strip()
+    # torch, pip and setuptools of this environment, reused as a plain path (their .pth hooks are not run)
+    Path(site, "reused.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
+    args = [str(clone) if a == "." else a for a in editable_line()[1:]]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    [snippet] = [
+        b for b in re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S) if "adderize" in b
+    ]
+    code = f"{snippet}\nprint(addernet.__file__)"
+    r = subprocess.run([python, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "replaced layer4.1.conv2: Conv2d -> Adder2d" in r.stdout
+    assert r.stdout.strip().splitlines()[-1] == str(clone / "addernet" / "__init__.py")
+
+
+def test_readme_install_block_installs_the_cpu_build_first_and_requirements_keep_it():
+    """The CPU-only line comes before anything that installs torch, and requirements.txt's pins accept its
+    local-version wheels (2.14.1+cpu satisfies ==2.14.1), so pip does not replace them with the CUDA build."""
+    from packaging.requirements import Requirement
+
+    block = re.search(r"## Install\n\n```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+    lines = [x.split("#")[0].strip() for x in block.splitlines() if x.split("#")[0].strip()]
+    [cpu] = [i for i, x in enumerate(lines) if "download.pytorch.org/whl/cpu" in x]
+    assert cpu < min(i for i, x in enumerate(lines) if "requirements.txt" in x)
+    wheels = dict(w.split("==") for w in lines[cpu].split() if "==" in w)
+    text = [x.split("#")[0].strip() for x in (REPO / "requirements.txt").read_text().splitlines()]
+    pins = [Requirement(x) for x in text if x and not x.startswith("-")]
+    pins = {r.name: r.specifier for r in pins if r.name in wheels}
+    assert set(pins) == set(wheels) == {"torch", "torchvision"}
+    for name, version in wheels.items():
+        assert pins[name].contains(f"{version}+cpu"), name

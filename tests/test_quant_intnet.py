@@ -128,7 +128,10 @@ def test_inference_model_and_runtime_choices(quantised):
     assert isinstance(model, IntegerResNet) and runtime == "integer network"
     assert inference_model(quantised, "layers") == (quantised, "layers")
     float_model = build_model("resnet20").eval()
-    assert inference_model(float_model, "auto") == (float_model, "layers")
+    assert inference_model(float_model, "auto") == (
+        float_model,
+        "layers (no integer network: its body layers are not quantised adder layers)",
+    )
     for runtime, match in (
         ("integer", "quant.runtime=integer: no integer network here"),
         ("fast", "quant.runtime='fast'"),

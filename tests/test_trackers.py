@@ -32,11 +32,11 @@ def test_mlflow_file_store_run_has_the_scalars_params_and_config(tmp_path):
     client = MlflowClient(tracking_uri=f"file:{run / 'mlruns'}")
     [found] = client.search_runs([client.get_experiment_by_name("addernet").experiment_id])
     records = _records(run)
-    for tag, key in (("val/top1", "val_top1"), ("train/loss", "train_loss"), ("lr", "lr")):
+    for tag, key in (("val/top1", "val_top1"), ("train/loss", "train_loss"), ("watch/lr", "lr")):
         history = sorted(client.get_metric_history(found.info.run_id, tag), key=lambda m: m.step)
         assert [(m.step, m.value) for m in history] == [(r["epoch"], pytest.approx(r[key])) for r in records]
     assert found.data.params["model"] == "lenet5_bn" and found.data.params["epochs"] == "2"
-    assert found.data.metrics["hparam/best_top1"] == pytest.approx(max(r["val_top1"] for r in records))
+    assert found.data.metrics["val_summary/best_top1"] == pytest.approx(max(r["val_top1"] for r in records))
     config = client.download_artifacts(found.info.run_id, "config.yaml", str(tmp_path))
     assert "lenet5_bn" in open(config).read()
 
@@ -80,7 +80,7 @@ def test_wandb_offline_run_has_the_scalars_and_config(tmp_path):  # starts W&B's
     assert len(history) == len(_records(run)), [r.WhichOneof("record_type") for r in records]
     for got, expected in zip(history, _records(run)):
         assert got["_step"] == expected["epoch"]
-        for tag, key in (("val/top1", "val_top1"), ("train/loss", "train_loss"), ("lr", "lr")):
+        for tag, key in (("val/top1", "val_top1"), ("train/loss", "train_loss"), ("watch/lr", "lr")):
             assert got[tag] == pytest.approx(expected[key])
     summary = {
         (i.key or "/".join(i.nested_key)): json.loads(i.value_json)
@@ -88,7 +88,7 @@ def test_wandb_offline_run_has_the_scalars_and_config(tmp_path):  # starts W&B's
         if r.WhichOneof("record_type") == "summary"
         for i in r.summary.update
     }
-    assert summary["hparam/final_top1"] == pytest.approx(_records(run)[-1]["val_top1"])
+    assert summary["val_summary/final_top1"] == pytest.approx(_records(run)[-1]["val_top1"])
     [config] = [r.run.config for r in records if r.WhichOneof("record_type") == "run"]
     config = {i.key: json.loads(i.value_json) for i in config.update}
     config = {k: v.get("value", v) if isinstance(v, dict) else v for k, v in config.items()}

@@ -56,7 +56,7 @@ CKPT_KEYS = {
     "world_size",
     "classes",
 }  # classes: CIFAR names
-TB_SCALARS = {"train/loss", "train/top1", "val/loss", "val/top1", "val/top5", "lr", "images_per_s"}
+TB_SCALARS = {"train/loss", "train/top1", "val/loss", "val/top1", "val/top5", "watch/lr", "watch/images_per_s"}
 
 
 def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
@@ -90,22 +90,27 @@ def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
     assert val["n"] == 37 and val["top1"] == record["val_top1"] and val["top5"] == record["val_top5"]
     assert val["loss"] == pytest.approx(record["val_loss"], rel=1e-5)
 
-    # TensorBoard: scalars, one adaptive-LR curve per adder layer, adder-weight histograms, hparams.
+    # TensorBoard: the run's curves, hparams, and in a run of its own one adaptive-LR curve and one
+    # weight histogram per adder layer, tagged to sort after the curves.
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"histograms": 0, "scalars": 0})
     events.Reload()
     adder_layers = [n for n, m in model.named_modules() if isinstance(m, Adder2d)]
     assert len(adder_layers) == 20  # ResNet-20: 18 body 3x3 layers + 2 shortcut projections
     assert adder_layers == AdaptiveLR(model).names
     tags = events.Tags()
-    hparam = {"hparam/best_top1", "hparam/final_top1"}  # the hparams summary, in the same dir (one run)
-    assert TB_SCALARS | {f"adaptive_lr/{n}" for n in adder_layers} | hparam == set(tags["scalars"])
-    assert {f"adder_weight/{n}" for n in adder_layers} == set(tags["histograms"])
-    for tag, key in (("val/top1", "val_top1"), ("train/loss", "train_loss"), ("lr", "lr")):
+    hparam = {"val_summary/best_top1", "val_summary/final_top1"}  # the hparams summary, in the same dir (one run)
+    assert TB_SCALARS | hparam == set(tags["scalars"]) and not tags["histograms"]
+    for tag, key in (("val/top1", "val_top1"), ("train/loss", "train_loss"), ("watch/lr", "lr")):
         [event] = events.Scalars(tag)
         assert event.step == 1 and event.value == pytest.approx(record[key], rel=1e-6)
-    alpha = events.Scalars(f"adaptive_lr/{adder_layers[0]}")[0].value
+    layers = EventAccumulator(str(run / "tensorboard" / "diagnostics"), size_guidance={"histograms": 0, "scalars": 0})
+    layers.Reload()
+    assert {f"weights/adaptive_lr/{n}" for n in adder_layers} == set(layers.Tags()["scalars"])
+    assert {f"weights/{n}" for n in adder_layers} == set(layers.Tags()["histograms"])
+    alpha = layers.Scalars(f"weights/adaptive_lr/{adder_layers[0]}")[0].value
     assert 0 < alpha < float("inf")
-    assert [p.name for p in (run / "tensorboard").iterdir() if p.is_dir()] == []
+    assert min(layers.Tags()["scalars"]) > max(tags["scalars"])  # sorted after every curve of the run
+    assert [p.name for p in (run / "tensorboard").iterdir() if p.is_dir()] == ["diagnostics"]
     assert events.PluginTagToContent("hparams")
 
 

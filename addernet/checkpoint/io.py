@@ -16,6 +16,7 @@ import zipfile
 import torch
 
 from ..errors import CheckpointError
+from ..zoo.fetch import fetch_hint
 
 
 def save_checkpoint(state, path):
@@ -86,7 +87,7 @@ def load_checkpoint(path, map_location="cpu"):
     if not os.path.isfile(path):
         raise CheckpointError(
             f"checkpoint not found: {os.path.abspath(path)} (check the path; a run writes "
-            f"<run dir>/checkpoints/last.pt and best.pt)."
+            f"<run dir>/checkpoints/last.pt and best.pt{fetch_hint(path)})."
         )
     if not _looks_like_torch_file(path):
         raise CheckpointError(

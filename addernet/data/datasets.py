@@ -212,12 +212,27 @@ def torchvision_dataset(data_cfg, split, transform):
         return cls(root, train=split == "train", download=bool(data_cfg.download), transform=transform)
     except (RuntimeError, OSError) as e:  # not found / corrupt / no network (URLError is an OSError)
         folder, names = _expected_files(cls, root)
-        how = "the download failed" if data_cfg.download else "data.download=false"
+        sub = os.path.relpath(folder, root)
+        layout = f"<data.root>/{sub}/{{{', '.join(names)}}}"
+        get = f"python -c \"import torchvision; torchvision.datasets.{cls.__name__}('data', download=True)\""
+        if data_cfg.download:
+            source = getattr(cls, "url", None) or " or ".join(getattr(cls, "mirrors", ()))
+            raise DataError(
+                f"{cls.__name__} is not in {folder} and the download from {source} failed ({_reason(e)}). "
+                f"Without network access here, run {get} on a machine that has it, copy the data/ folder it "
+                f"writes, and set data.root=<the copy> (layout {layout})."
+            ) from None
         raise DataError(
-            f"{cls.__name__} is not in {folder} ({how}: {str(e).splitlines()[0]}). Expected files: "
-            f"{', '.join(names)}. Put them there, point data.root=/path/to/folder/holding/them, or allow "
-            f"the download with data.download=true and network access."
+            f"{cls.__name__} is not in {folder}, or its files fail their checksum (data.download=false). Put "
+            f"the files there (layout {layout}), set data.root=<folder holding {sub}/>, or set "
+            f"data.download=true with network access (or run {get} where there is network and copy data/)."
         ) from None
+
+
+def _reason(error):
+    """An exception's whole message on one line (torchvision puts the URLs it tried on the lines after the first)."""
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return (text[:600] + " ...") if len(text) > 600 else text or type(error).__name__
 
 
 @register_dataset_kind("folder")

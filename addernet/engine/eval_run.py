@@ -20,7 +20,7 @@ from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, open_checkpoin
 from ..checkpoint.official import is_official, load_official
 from ..data import build_loader, check_classes, take_skipped
 from ..errors import CheckpointError, ConfigError
-from ..models import model_from_config
+from ..models import model_from_config, model_label
 from ..ops import Adder2d
 from ..quant import inference_model, is_quantized_state, prepare_quantized, quantize_for_eval
 from .config import check_eval_config, check_known_keys, check_stored_model, device_type
@@ -267,7 +267,7 @@ def evaluate_checkpoint(cfg, overrides):
     if dist.is_main():
         where = cfg.data.get("val_dir") or cfg.data.get("root")
         print(
-            f"checkpoint {path} [{kind}]\nmodel {cfg.model.name} ({cfg.model.layer}) | data {cfg.data.name} "
+            f"checkpoint {path} [{kind}]\nmodel {model_label(cfg.model)} | data {cfg.data.name} "
             f"val split ({len(loader.dataset.dataset)} images{f', {where}' if where else ''}) | device {device} x "
             f"{dist.get_world_size()} | amp {cfg.trainer.amp}",
             flush=True,

@@ -23,7 +23,7 @@ from ..compile import compile_model
 from ..data import build_dataset, build_loader, check_classes, class_names, num_workers, take_skipped
 from ..data.mix import build_mix
 from ..errors import ConfigError, NonFiniteLoss
-from ..models import model_from_config
+from ..models import model_from_config, model_label
 from ..ops import kernel_in_use, use_backend
 from ..optim import AdaptiveLR, build_optimizer, build_scheduler
 from ..tasks import build_task
@@ -136,9 +136,7 @@ class Run:
         self.model = compile_model(
             model.to(device=device, memory_format=self.memory_format), bool(cfg.trainer.get("compile", False))
         )
-        log.info(
-            "model %s (%s): %d parameters", cfg.model.name, cfg.model.layer, sum(p.numel() for p in model.parameters())
-        )
+        log.info("model %s: %d parameters", model_label(cfg.model), sum(p.numel() for p in model.parameters()))
         self.task = build_task(self.model, cfg)
         self.task.to(device=device, memory_format=self.memory_format)  # its own modules (a teacher, a head)
         self.task.amp = self.amp
@@ -483,7 +481,7 @@ class Run:
         if self.main:
             self.outputs.close(
                 self.hparams(),
-                {"hparam/best_top1": s["best_top1"], "hparam/final_top1": last.get("val_top1", float("nan"))},
+                {"val_summary/best_top1": s["best_top1"], "val_summary/final_top1": last.get("val_top1", float("nan"))},
             )
             log.info("done: best val top1 %.2f at epoch %d; run dir %s", s["best_top1"], s["best_epoch"], self.run_dir)
         return {

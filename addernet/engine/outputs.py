@@ -1,5 +1,10 @@
 """What a run writes (rank 0 only): train.log, metrics.jsonl, TensorBoard events and hparams.
 
+TensorBoard shows tag groups alphabetically across all runs, so the curves a user opens it for (``train/``,
+``val/``: loss and accuracy) are the first groups; the run's summary (``val_summary/``), LR and throughput
+(``watch/``) and the per-layer diagnostics (``weights/``: one adaptive-LR curve and one weight histogram per
+adder layer, in a run of their own, ``tensorboard/diagnostics``, hidden with one click) sort after them.
+
 Crash-safe by construction: metrics.jsonl is rewritten from the checkpoint's history when a run
 resumes, and the TensorBoard writer purges events after the resumed epoch, so a replayed epoch
 never appears twice.
@@ -19,17 +24,18 @@ RECORD_SCALARS = (
     ("val/loss", "val_loss"),
     ("val/top1", "val_top1"),
     ("val/top5", "val_top5"),
-    ("lr", "lr"),
-    ("images_per_s", "images_per_s"),
+    ("watch/lr", "lr"),
+    ("watch/images_per_s", "images_per_s"),
 )
 BASE_KEYS = {key for _, key in RECORD_SCALARS} | {"epoch", "val_n", "epoch_seconds", "val_images_per_s"}
 
 
 def setup_logging(run_dir, main):
-    """Log to the console on every rank (warnings only off rank 0) and to train.log on rank 0; returns undo."""
+    """Log to the console on every rank (warnings only off rank 0) and to train.log on rank 0 (none when run_dir
+    is None: test.py), each line labelled with its logger's name; returns undo."""
     logger = logging.getLogger("addernet")
     handlers = [logging.StreamHandler(sys.stderr)]
-    if main:
+    if main and run_dir is not None:
         handlers.append(logging.FileHandler(os.path.join(run_dir, "train.log")))
     fmt = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] %(message)s", "%Y-%m-%d %H:%M:%S")
     for h in handlers:
@@ -84,14 +90,14 @@ class RunOutputs:
 
     def __init__(self, run_dir, main, resumed_epoch=None, tensorboard=True, trackers=()):
         self.main, self.metrics = main, os.path.join(run_dir, "metrics.jsonl")
-        self.writer, self.trackers = None, list(trackers) if main else []
+        self.writer = self.diagnostics = None
+        self.trackers = list(trackers) if main else []
         if main and tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(
-                os.path.join(run_dir, "tensorboard"),
-                purge_step=resumed_epoch + 1 if resumed_epoch is not None else None,
-            )
+            purge = resumed_epoch + 1 if resumed_epoch is not None else None
+            self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"), purge_step=purge)
+            self.diagnostics = SummaryWriter(os.path.join(run_dir, "tensorboard", "diagnostics"), purge_step=purge)
 
     def rewrite_metrics(self, history):
         """metrics.jsonl from the checkpoint's history (atomic), so a replayed epoch is not doubled."""
@@ -111,17 +117,20 @@ class RunOutputs:
         for key in extra_keys(record):  # train_<part> -> train/<part>, teacher_val_top1 -> teacher_val/top1
             prefix, _, name = key.rpartition("_") if not key.startswith("train_") else ("train", "", key[6:])
             scalars[f"{prefix}/{name}"] = record[key]
-        scalars.update({f"adaptive_lr/{name}": alpha for name, alpha in alphas.items()})
+        layers = {f"weights/adaptive_lr/{name}": alpha for name, alpha in alphas.items()}
         for tracker in self.trackers:  # MLflow / W&B: the same scalars (addernet/engine/trackers.py)
-            tracker.log(scalars, step)
+            tracker.log({**scalars, **layers}, step)
         if w is not None:
             for tag, value in scalars.items():
                 w.add_scalar(tag, value, step)
+            for tag, value in layers.items():
+                self.diagnostics.add_scalar(tag, value, step)
             if histograms:
                 for name, module in model.named_modules():
                     if isinstance(module, ADDER_MODULES):
-                        w.add_histogram(f"adder_weight/{name}", module.weight.detach().float().cpu(), step)
+                        self.diagnostics.add_histogram(f"weights/{name}", module.weight.detach().float().cpu(), step)
             w.flush()
+            self.diagnostics.flush()
         with open(self.metrics, "a") as f:
             f.write(json_line(record) + "\n")
 
@@ -130,7 +139,8 @@ class RunOutputs:
             if hparams is not None:
                 self.writer.add_hparams(hparams, metrics, run_name=".")  # the run's own dir: one run in TensorBoard
             self.writer.close()
-            self.writer = None
+            self.diagnostics.close()
+            self.writer = self.diagnostics = None
         for tracker in self.trackers:
             tracker.close(metrics)
         self.trackers = []

@@ -9,9 +9,11 @@ import importlib
 import inspect
 import pkgutil
 
+import torch.nn as nn
 from omegaconf import OmegaConf
 
 from ..errors import ConfigError
+from ..ops import ADDER_MODULES
 from .adderize import AdderizeReport, adderize
 from .attention import AdderAttention
 from .layers import LAYERS
@@ -36,7 +38,8 @@ def build_model(name, layer="adder", num_classes=10, in_channels=None, **options
     """Build model `name` with adder (`layer="adder"`) or convolution (`layer="conv"`) body layers.
 
     `in_channels=None` takes the model's dataset default (1 for lenet5_bn, else 3); `options` are the
-    model's own keyword arguments (configs/model/<name>.yaml keys other than name and layer).
+    model's own keyword arguments (configs/model/<name>.yaml keys other than name and layer). An adder form
+    without any adder layer (every candidate kept or left multiplicative) is a ValueError saying what it holds.
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}: choose one of {', '.join(sorted(MODELS))} (e.g. model=resnet20)")
@@ -52,7 +55,47 @@ def build_model(name, layer="adder", num_classes=10, in_channels=None, **options
         raise ValueError(
             f"model {name!r} has no option {', '.join(unknown)} (its options: {', '.join(sorted(accepted)) or 'none'})"
         )
-    return fn(layer=layer, num_classes=num_classes, in_channels=in_channels or default_in, **options)
+    model = fn(layer=layer, num_classes=num_classes, in_channels=in_channels or default_in, **options)
+    if layer == "adder" and not has_adder_ops(model):
+        raise ValueError(f"model {name!r} with layer=adder has no adder layer: {_what_was_found(model)}")
+    return model
+
+
+def has_adder_ops(model):
+    """True when some layer of `model` computes with additions (an adder layer or L1 / adder attention)."""
+    return any(
+        isinstance(m, ADDER_MODULES) or isinstance(m, AdderAttention) and (m.scores == "l1" or m.value == "adder")
+        for m in model.modules()
+    )
+
+
+def _what_was_found(model):
+    """What an adder model without adder layers holds, and how to get some (the error of build_model)."""
+    kinds = {}
+    for m in model.modules():
+        if type(m) in (nn.Conv2d, nn.Linear):
+            kinds[type(m).__name__] = kinds.get(type(m).__name__, 0) + 1
+    found = ", ".join(f"{n} {k}" for k, n in kinds.items()) or "no Conv2d or Linear layer"
+    report = getattr(model, "adderize_report", None)
+    why = [f"{n} kept ({r})" for n, r in (report.kept if report else [])]
+    why += [f"{n} skipped ({r})" for n, r in (report.skipped if report else [])]
+    why += [f"{n} reverted (not called as a module)" for n, _ in (report.reverted if report else [])][:3]
+    fix = (
+        "convert more (model.linear=true for the Linear layers, model.keep_first=false, model.include=...)"
+        if report
+        else "choose some of its adder options (e.g. model.scores=l1, model.mlp=adder for vit)"
+    )
+    return (
+        f"it has {found}"
+        + (f"; {'; '.join(why)}" if why else "")
+        + f". To train an AdderNet, {fix}; else use model.layer=conv"
+    )
+
+
+def model_label(model_cfg):
+    """How logs name the model of a config: its name, the torchvision architecture it wraps, its layer form."""
+    arch = model_cfg.get("arch")
+    return f"{model_cfg.name}{f' {arch}' if arch else ''} ({model_cfg.layer})"
 
 
 def model_from_config(cfg):
@@ -84,6 +127,7 @@ __all__ = [
     "build_model",
     "list_models",
     "model_from_config",
+    "model_label",
     "register_model",
     "torchvision_model",
     "vit",

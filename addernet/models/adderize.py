@@ -14,24 +14,34 @@ Rules (docs/any_network.md):
 - Every adder layer must feed a normalisation layer: its outputs are sums of absolute differences, all
   negative and of size ~ fan-in (about -1e3 to -1e4), so without a norm the next ReLU zeroes them and the
   logits saturate (the network stays at chance). An adder layer "feeds a norm" when the next module with
-  computation after it in registration order (nn.Identity and dropout skipped) is a normalisation layer
+  computation after it in registration order (shape-only modules skipped: identity, dropout, flatten,
+  unflatten, channel shuffle, torchvision's Permute) is a normalisation layer
   (BatchNorm, SyncBatchNorm, InstanceNorm, GroupNorm, LayerNorm, RMSNorm). ``missing_norm`` says what happens
   otherwise: "warn" (default), "error" (ValueError), "insert" (the layer becomes ``nn.Sequential(adder, norm)``
   with BatchNorm2d after an Adder2d, LayerNorm after an AdderLinear) or "ignore".
+- With ``example`` (an input batch or its shape) one forward pass on the meta device (no compute, the model's
+  own tensors untouched) checks that the network calls every replaced layer: a network may read a layer's
+  ``.weight`` itself (torchvision's Swin calls ``F.linear(x, attn.qkv.weight)``), which would then compute a dot
+  product with adder weights. Replaced layers the pass does not call are put back as they were and listed in
+  ``report.reverted``, with a warning.
 """
 
 import dataclasses
 import fnmatch
+import itertools
 import warnings
 
+import torch
 import torch.nn as nn
+from torch.func import functional_call
+from torchvision.ops.misc import Permute
 
 from ..errors import ConfigError
 from ..ops import ADDER_MODULES, Adder2d, AdderLinear
 from .attention import AdderAttention
 
 NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.RMSNorm)
-PASS_THROUGH = (nn.Identity, nn.modules.dropout._DropoutNd)
+PASS_THROUGH = (nn.Identity, nn.modules.dropout._DropoutNd, nn.Flatten, nn.Unflatten, nn.ChannelShuffle, Permute)
 MISSING_NORM = ("warn", "error", "insert", "ignore")
 
 
@@ -44,13 +54,15 @@ class AdderizeReport:
     skipped: list = dataclasses.field(default_factory=list)  # (name, reason): candidates that cannot convert
     missing_norm: list = dataclasses.field(default_factory=list)  # adder layers that feed no normalisation layer
     inserted: list = dataclasses.field(default_factory=list)  # adder layers given a norm (missing_norm="insert")
+    reverted: list = dataclasses.field(default_factory=list)  # (name, why): put back, the network does not call them
 
     def __str__(self):
         lines = [
             f"adderize: {len(self.replaced)} layer(s) replaced, {len(self.kept)} kept, "
-            f"{len(self.skipped)} skipped, {len(self.missing_norm)} without a norm"
+            f"{len(self.skipped)} skipped, {len(self.reverted)} reverted, {len(self.missing_norm)} without a norm"
         ]
         lines += [f"  replaced {n}: {what}" for n, what in self.replaced]
+        lines += [f"  reverted {n}: {why}" for n, why in self.reverted]
         lines += [f"  kept     {n}: {why}" for n, why in self.kept]
         lines += [f"  skipped  {n}: {why}" for n, why in self.skipped]
         lines += [f"  no norm  {n}" + (" (norm inserted)" if n in self.inserted else "") for n in self.missing_norm]
@@ -96,7 +108,7 @@ def _matches(name, patterns):
 
 
 def _compute_leaves(model):
-    """Leaf modules in registration order, without the pass-through ones (Identity, Dropout)."""
+    """Leaf modules in registration order, without the shape-only ones (PASS_THROUGH: identity, dropout, permute...)."""
     return [
         (n, m)
         for n, m in model.named_modules()
@@ -114,7 +126,33 @@ def adder_layers_without_norm(model):
     ]
 
 
-def adderize(model, keep_first=True, keep_last=True, linear=False, include=None, exclude=(), missing_norm="warn"):
+def _called(model, names, example):
+    """The modules among `names` that one training-mode forward of `example` calls (on the meta device)."""
+    called, hooks = set(), []
+    for name in names:
+        hooks.append(model.get_submodule(name).register_forward_hook(lambda m, a, o, n=name: called.add(n)))
+    state = {
+        n: torch.empty_like(t, device="meta")
+        for n, t in itertools.chain(model.named_parameters(), model.named_buffers())
+    }
+    x = torch.empty(example, device="meta") if isinstance(example, (tuple, list, torch.Size)) else example.to("meta")
+    try:
+        with torch.no_grad():
+            functional_call(model, state, (x,))
+    except Exception as e:  # the network's own error: name the input it was given
+        raise ValueError(
+            f"adderize: the check forward pass on an input of shape {tuple(x.shape)} failed: "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}; pass an example input the network takes"
+        ) from None
+    finally:
+        for h in hooks:
+            h.remove()
+    return called
+
+
+def adderize(
+    model, keep_first=True, keep_last=True, linear=False, include=None, exclude=(), missing_norm="warn", example=None
+):
     """Replace the nn.Conv2d (and with ``linear=True`` the nn.Linear) layers of ``model`` by Adder2d (AdderLinear)
     in place; returns an AdderizeReport. Arguments and rules: the module docstring and docs/any_network.md."""
     if not isinstance(model, nn.Module) or isinstance(model, (nn.Conv2d, nn.Linear)):
@@ -130,7 +168,7 @@ def adderize(model, keep_first=True, keep_last=True, linear=False, include=None,
     layers = [(n, m) for n, m in model.named_modules() if type(m) in (nn.Conv2d, nn.Linear)]
     convs = [n for n, m in layers if isinstance(m, nn.Conv2d)]
     first, last = (convs[0] if convs else None), (layers[-1][0] if layers else None)
-    report = AdderizeReport()
+    report, originals = AdderizeReport(), {}
     for name, module in layers:
         if not isinstance(module, types):
             continue
@@ -154,7 +192,10 @@ def adderize(model, keep_first=True, keep_last=True, linear=False, include=None,
             warnings.warn(f"adderize: {name} stays {type(module).__name__}: {why}", UserWarning, stacklevel=2)
             continue
         model.set_submodule(name, adder)
+        originals[name] = module
         report.replaced.append((name, f"{type(module).__name__} -> {type(adder).__name__}"))
+    if example is not None and originals:
+        _verify(model, report, originals, example)
     converted = {n for n, _ in report.replaced}
     report.missing_norm = [n for n in adder_layers_without_norm(model) if n in converted]
     if report.missing_norm and missing_norm != "ignore":
@@ -185,6 +226,30 @@ def adderize(model, keep_first=True, keep_last=True, linear=False, include=None,
                 model.set_submodule(name, nn.Sequential(layer, norm))
                 report.inserted.append(name)
     return report
+
+
+def _verify(model, report, originals, example):
+    """Put back (report.reverted, one warning) the replaced layers that a forward pass of `example` does not call."""
+    was_training = model.training
+    model.train()
+    try:
+        called = _called(model, list(originals), example)
+    finally:
+        model.train(was_training)
+    why = "the network does not call it (it reads its .weight), so an adder layer there would compute a dot product"
+    for name in [n for n in originals if n not in called]:
+        model.set_submodule(name, originals[name])
+        report.reverted.append((name, why))
+    report.replaced = [(n, what) for n, what in report.replaced if n in called]
+    if report.reverted:
+        names = [n for n, _ in report.reverted]
+        listed = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        warnings.warn(
+            f"adderize: {len(names)} layer(s) stay multiplicative because the network does not call them as "
+            f"modules ({listed}): it uses their .weight directly",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def check_supported(model, what):

@@ -1,16 +1,20 @@
 """Any torchvision classification network as an AdderNet (``model=torchvision model.arch=<builder>``).
 
-The network is built by torchvision without weights (``weights=None``) for ``num_classes`` classes; its first
-convolution is rebuilt for ``in_channels`` when that is not 3; with ``layer="adder"`` it is adderized
-(adderize.py) and with ``layer="conv"`` it stays as torchvision builds it: the CNN twin, with the same module
+The network is built by torchvision without weights (``weights=None``) for ``num_classes`` classes, without
+auxiliary classifiers (GoogLeNet's and Inception v3's ``aux_logits``: their training-mode outputs are not a
+tensor of logits); its first convolution is rebuilt for ``in_channels`` when that is not 3; with
+``layer="adder"`` it is adderized (adderize.py), with a 224x224 check pass that puts back the layers the network
+does not call, and with ``layer="conv"`` it stays as torchvision builds it: the CNN twin, with the same module
 names and shapes.
 """
 
 import difflib
 
+import torch
 import torch.nn as nn
 import torchvision
 
+from ..errors import ConfigError
 from .adderize import adderize
 from .registry import register_model
 
@@ -40,6 +44,28 @@ def _first_conv_for(model, in_channels):
     model.set_submodule(name, new)
 
 
+def _build(arch, **kwargs):
+    """torchvision.models.get_model(arch, weights=None, **kwargs), also under torch.device("meta") (a dry run),
+    where builders that lay out their stages with tensors (RegNet) cannot compute: they are built on CPU there."""
+    try:
+        return torchvision.models.get_model(arch, weights=None, **kwargs)
+    except NotImplementedError:
+        if torch.get_default_device().type != "meta":
+            raise
+        with torch.device("cpu"):
+            return torchvision.models.get_model(arch, weights=None, **kwargs).to("meta")
+
+
+def _fixed_size(model, args):
+    """torchvision's ViT asserts its input size deep inside; say it as a config error instead."""
+    h, w = args[0].shape[-2:]
+    if (h, w) != (model.image_size, model.image_size):
+        raise ConfigError(
+            f"this torchvision ViT takes {model.image_size}x{model.image_size} images only (its position "
+            f"embedding is sized for them), got {h}x{w}; use data.image_size={model.image_size} or model=vit"
+        )
+
+
 @register_model("torchvision")
 def torchvision_model(
     layer="adder",
@@ -65,7 +91,11 @@ def torchvision_model(
         )
     if layer not in ("adder", "conv"):
         raise ValueError(f"unknown layer {layer!r}: use model.layer=adder or model.layer=conv")
-    model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
+    model = _build(arch, num_classes=num_classes)
+    if getattr(model, "aux_logits", False):
+        model = _build(arch, num_classes=num_classes, aux_logits=False)
+    if isinstance(model, torchvision.models.VisionTransformer):
+        model.register_forward_pre_hook(_fixed_size)
     if in_channels != 3:
         _first_conv_for(model, in_channels)
     if layer == "adder":
@@ -77,5 +107,6 @@ def torchvision_model(
             include=None if include is None else list(include),
             exclude=list(exclude or ()),
             missing_norm=missing_norm,
+            example=(2, in_channels, 224, 224),  # every torchvision classifier takes ImageNet's size
         )
     return model

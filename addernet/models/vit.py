@@ -11,9 +11,12 @@ attention switches are then ignored. Patch and classifier stay multiplicative in
 first convolution and the classifier of its CNNs. Sizes and the choices that are ours: docs/any_network.md.
 """
 
+import math
+
 import torch
 import torch.nn as nn
 
+from ..errors import ConfigError
 from .attention import AdderAttention, projection
 from .registry import register_model
 
@@ -45,12 +48,14 @@ class ViT(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, num_classes)
 
-    def forward(self, x):
-        x = self.patch(x).flatten(2).transpose(1, 2)  # B, N, width
+    def forward(self, images):
+        x = self.patch(images).flatten(2).transpose(1, 2)  # B, N, width
         if x.shape[1] != self.pos.shape[1]:
-            raise ValueError(
-                f"vit was built for {self.pos.shape[1]} patches (model.image_size) but the input gives "
-                f"{x.shape[1]}; set model.image_size to the data's image size"
+            side = math.isqrt(self.pos.shape[1]) * self.patch.stride[0]
+            raise ConfigError(
+                f"model=vit was built for {side}x{side} images ({self.pos.shape[1]} patches, model.image_size="
+                f"{side}) but got {images.shape[-2]}x{images.shape[-1]} images ({x.shape[1]} patches); set "
+                "model.image_size to the data's image size (data.image_size)"
             )
         x = self.blocks(x + self.pos)
         return self.head(self.norm(x).mean(1))

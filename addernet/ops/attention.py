@@ -72,7 +72,9 @@ class L1Scores(torch.autograd.Function):
 
 def l1_scores(q, k, key_grad="hardtanh"):
     """S[..., i, j] = -||q[..., i, :] - k[..., j, :]||_1 for q (..., Nq, d) and k (..., Nk, d) with the same
-    leading dimensions; gradients as in the module docstring. Under autocast both are cast to its dtype."""
+    leading dimensions; gradients as in the module docstring. Under autocast the scores are computed and returned
+    in float32, as adder2d's outputs (they are sums of |q - k|: above float16's 65504 for a few hundred features).
+    Empty inputs (a size 0 anywhere) give the empty (or, for d = 0, zero) scores of the closed form."""
     if key_grad not in KEY_GRADS:
         raise ValueError(f"l1_scores key_grad must be one of {', '.join(KEY_GRADS)}, got {key_grad!r}")
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)) or q.dim() < 2 or k.dim() < 2:
@@ -83,14 +85,15 @@ def l1_scores(q, k, key_grad="hardtanh"):
             "dimensions and their last (feature) dimension"
         )
     if q.device.type != "meta" and torch.is_autocast_enabled(q.device.type):
-        dt = torch.get_autocast_dtype(q.device.type)
-        q, k = q.to(dt), k.to(dt)
+        q, k = q.float(), k.float()
     if not q.is_floating_point() or q.dtype != k.dtype or q.device != k.device:
         raise TypeError(
             f"l1_scores needs q and k of one float dtype on one device, got {q.dtype} on {q.device} "
             f"and {k.dtype} on {k.device}"
         )
     lead, (nq, d), nk = q.shape[:-2], q.shape[-2:], k.shape[-2]
+    if q.numel() == 0 or k.numel() == 0:  # nothing to compute; the broadcast form has no element either
+        return -(q.unsqueeze(-2) - k.unsqueeze(-3)).abs().sum(-1)
     backend = _backend()
     backend = "eager" if backend == "reference" else backend
     s = L1Scores.apply(q.reshape(-1, nq, d), k.reshape(-1, nk, d), key_grad, backend)

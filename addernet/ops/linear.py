@@ -33,6 +33,9 @@ def adder_linear(input, weight, bias=None):
         )
     lead, x = input.shape[:-1], input.reshape(-1, in_f)
     m = x.shape[0]
+    if m == 0:  # an empty batch, as nn.Linear: an empty output, zero gradients
+        y = input.sum(-1, keepdim=True) * 0 + weight.sum(1) * 0
+        return y if bias is None else y + bias
     # P images of L pixels (P = CPU threads, so the kernels' per-image split keeps every thread busy): fewer,
     # larger images run faster than M images of one pixel; the zero rows padded to P*L get no gradient
     p = max(1, min(torch.get_num_threads(), m))

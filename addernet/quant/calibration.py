@@ -3,11 +3,14 @@
 Activation range A of an adder layer: per batch, the `quantile` of |x| over the
 whole input tensor of the layer (the k-th smallest |x|, k = ceil(quantile * numel)); A is the running
 max of these over the batches, floored at `floor`. The code's alpha = 0.9997 is applied twice, so its
-effective quantile is 0.9997^2 = 0.99940, our default.
+effective quantile is 0.9997^2 = 0.99940, our default. A layer whose inputs never exceed the floor (all zero:
+a dead layer, or calibration images unlike the training data) gets the floor, with a warning naming it:
+its activation grid then says nothing about the data (floored_layers).
 """
 
 import logging
 import math
+import warnings
 
 import torch
 import torch.nn as nn
@@ -55,12 +58,27 @@ def activation_ranges(model, loader, quantile, floor=1e-3, progress=True):
             h.remove()
         model.train(was_training)
     log.info("calibration: activation ranges of %d adder layer(s) from %d image(s)", len(hooks), seen)
+    floored = floored_layers(ranges, floor)
+    if floored:
+        listed = ", ".join(floored[:4]) + (", ..." if len(floored) > 4 else "")
+        warnings.warn(
+            f"calibration: {len(floored)} of {len(ranges)} adder layer(s) saw no input above the activation range "
+            f"floor {floor:g} ({listed}), so their range is the floor; their inputs were all (near) zero on the "
+            "calibration images: check that the images are the model's data (and quant.calib_images)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     if negative:
         raise NegativeInput(
             f"adder layer(s) {', '.join(negative)} receive negative inputs; the quantiser here "
             f"is unsigned (inputs after a ReLU), a signed quantiser is not implemented"
         )
     return ranges
+
+
+def floored_layers(ranges, floor):
+    """The layers of `ranges` ({name: A}, floats or tensors) whose activation range is the floor."""
+    return [name for name, a in ranges.items() if float(a) <= float(torch.tensor(floor, dtype=torch.float32))]
 
 
 @torch.no_grad()

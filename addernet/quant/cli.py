@@ -76,7 +76,8 @@ def quantize_for_eval(model, cfg, device=None):
     it is not calibrated again; asking for other bits or groups then is an error.
     """
     q = cfg.get("quant")
-    stored = quant_summary(model)
+    floor = float(q.get("act_range_floor", 1e-3)) if q is not None else 1e-3
+    stored = quant_summary(model, floor)
     if stored is not None:
         asked = {k: q.get(k) for k in ("bits", "groups")} if q is not None and q.get("bits") is not None else {}
         for key, want in asked.items():
@@ -87,10 +88,17 @@ def quantize_for_eval(model, cfg, device=None):
                 )
         return model, {**stored, "calibrated": "stored in the checkpoint"}
     if q is None or q.get("bits") is None:
+        if q is not None and q.get("runtime", "auto") != "auto":
+            raise ConfigError(
+                f"quant.runtime={q.runtime} applies to quantised models, and this one is float: set quant.bits "
+                "(e.g. quant.bits=8) or evaluate a quantised checkpoint; drop quant.runtime for the float model."
+            )
         return model, None
     check_quant_config(q)
     loader = calibration_loader(cfg)
     bn_loader = calibration_loader(cfg, augment=bool(q.bn_augment)) if q.bn_recalib else None
     torch.manual_seed(int(q.seed))  # the augmentation draws from the global RNG (num_workers=0)
-    quantize_model(model, loader, q, bn_loader)
-    return model, {**settings(cfg, len(loader.dataset)), "calibrated": "now"}
+    progress = bool((cfg.get("trainer") or {}).get("progress", True))
+    quantize_model(model, loader, q, bn_loader, progress=progress)
+    info = {**settings(cfg, len(loader.dataset)), "floored_layers": quant_summary(model, floor)["floored_layers"]}
+    return model, {**info, "calibrated": "now"}

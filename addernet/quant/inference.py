@@ -6,7 +6,8 @@
 runtime (quant.runtime for test.py): "auto" runs the integer network (intnet.IntegerResNet: integer
 activations between adder layers, one kernel call for the body) on CPU for the CIFAR ResNets and
 the layer-by-layer QAdder2d model otherwise; "integer" requires the integer network (an error where
-it does not apply); "layers" always runs the QAdder2d model.
+it does not apply); "layers" always runs the QAdder2d model. The runtime's name says why "auto" fell back to
+the layers, so the result shows what ran.
 """
 
 from ..checkpoint import CheckpointError, load_checkpoint
@@ -37,7 +38,7 @@ def inference_model(model, runtime="auto", device="cpu"):
         return IntegerResNet(model.eval()), "integer network"
     if runtime == "integer":
         raise ConfigError(f"quant.runtime=integer: no integer network here: {why}; use quant.runtime=auto or layers.")
-    return model, "layers"
+    return model, f"layers (no integer network: {why})"
 
 
 def load_quantized(path, runtime="auto"):

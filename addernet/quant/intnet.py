@@ -28,7 +28,7 @@ import torch.nn as nn
 from ..models.blocks import BasicBlock
 from ..models.resnet_cifar import CifarResNet
 from ..ops.kernels import int_cpu
-from .qadder import QAdder2d
+from .qadder import QAdder2d, nan_where_not_finite
 from .quantizer import levels
 
 
@@ -310,7 +310,7 @@ class IntegerResNet(nn.Module):
         ops, offsets, ws_bytes, rows_off, (ho, wo, co), _ = self._program(h.shape[1], h.shape[2])
         out = torch.empty(h.shape[0], ho, wo, co)
         int_cpu.run_network(ops, self.lane, h, out, offsets, ws_bytes, rows_off)
-        return out.permute(0, 3, 1, 2)
+        return nan_where_not_finite(x, out.permute(0, 3, 1, 2))  # integers cannot hold NaN: the float model's answer
 
     @torch.no_grad()
     def forward(self, x):

@@ -13,6 +13,7 @@ Forward, per group g (inputs after a ReLU, so q_a >= 0):
       y = -(s_g / (2^b-1)) (sum + c) + beta.
   float ("fake", any device): y = adder2d(x_hat, w_hat) + beta on the dequantised tensors.
 Both give the same values up to float rounding; "auto" picks int on CPU when the kernel builds.
+A sample holding NaN/inf gives NaN outputs (quantising would clamp it to a finite level), as in the float layer.
 """
 
 import functools
@@ -41,6 +42,12 @@ def _int_kernel():
             RuntimeWarning,
         )
         return None
+
+
+def nan_where_not_finite(x, y):
+    """`y` with NaN in every sample (first dimension) whose input `x` holds a NaN or an infinity."""
+    bad = ~torch.isfinite(x).flatten(1).all(1)
+    return torch.where(bad.view(-1, *[1] * (y.dim() - 1)), torch.nan, y) if bool(bad.any()) else y
 
 
 class QAdder2d(nn.Module):
@@ -143,11 +150,12 @@ class QAdder2d(nn.Module):
             bias = self.bias_term if idx is None else self.bias_term[idx]
             outs.append((idx, out + bias.view(1, -1, 1, 1)))
         if len(outs) == 1 and outs[0][0] is None:
-            return outs[0][1]
-        y = outs[0][1].new_empty(x.shape[0], self.out_channels, *outs[0][1].shape[2:])
-        for idx, out in outs:
-            y[:, idx] = out
-        return y
+            y = outs[0][1]
+        else:
+            y = outs[0][1].new_empty(x.shape[0], self.out_channels, *outs[0][1].shape[2:])
+            for idx, out in outs:
+                y[:, idx] = out
+        return nan_where_not_finite(x, y)
 
     def extra_repr(self):
         return (
