@@ -29,33 +29,60 @@ OFFICIAL_R20 = SHARED / "official" / "ResNet20-AdderNet.pth"
 OFFICIAL_LOGITS = SHARED / "official" / "ResNet20-AdderNet.cifar10-test-sample.jsonl"
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
-# Overrides of a tiny training run: LeNet-5-BN on 28x28 FakeData, 2 steps of 16 per epoch, no workers or bars.
+# The base of every tiny training run: LeNet-5-BN on 28x28 FakeData, no loader workers, no progress bar. Each
+# test adds its sizes and options to it (the lists below and in the test modules name only what differs).
 FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
-FAKE = [
-    "data=fake",
-    "data.train_size=32",
-    "data.val_size=8",
-    "data.batch_size=16",
+TINY_RUN = [
     "model=lenet5_bn",
+    "data=fake",
     "data.image_size=28",
-    *FAST,
+    "data.num_workers=0",
+    "data.pin_memory=false",
+    "trainer.progress=false",
 ]
+# 2 steps of 16 per epoch, a log line per step
+FAKE = [*TINY_RUN, "data.train_size=32", "data.val_size=8", "data.batch_size=16", "trainer.log_every=1"]
+
+
+# Float tolerances (the derivation is in tests/README.md). float32 rounds each operation to a relative u = 2**-24;
+# a sum of n terms computed in any order (the order a CPU's SIMD width, oneDNN or its BLAS picks) is within
+# n * u * sum|terms| of the exact sum (Higham, Accuracy and Stability of Numerical Algorithms, bound gamma_n).
+U32 = 2.0**-24
+# Pinned metrics of a tiny deterministic run, relative: the widest reduction of such a run (batch norm over 16 x 24 x
+# 24 = 9,216 values) rounds by about sqrt(9216) * u = 6e-6 relative on average, different on each instruction set;
+# 12 SGD steps amplify it about tenfold. 1e-4 is above that and far below what any change to the method moves.
+PINNED_REL = 1e-4
+
+
+def f32_sum_bound(abs_sum, n):
+    """Largest error of a float32 sum of ``n`` terms whose absolute values sum to ``abs_sum``, in any order; doubled
+    for the rounding of the terms themselves."""
+    return 2 * n * U32 * abs_sum
+
+
+def f32_ce_bound(logits):
+    """Bound on the float32 error of a cross-entropy of ``logits`` (B x C): each log-probability is z - logsumexp(z),
+    a sum of C exponentials rounded to about u of |z| + |logsumexp|, and the mean adds B terms."""
+    z = logits.detach().double()
+    return f32_sum_bound((z.abs().amax(1) + z.logsumexp(1).abs()).mean().item(), z.shape[1] + z.shape[0])
+
+
+def assert_records_match(got, pinned, rel=PINNED_REL):
+    """metrics.jsonl records equal to pinned ones: float losses within ``rel`` (another CPU rounds differently),
+    everything else exact (epochs, learning rates computed in float64 from the schedule, percentages of counts)."""
+    assert [sorted(r) for r in got] == [sorted(r) for r in pinned]
+    for g, p in zip(got, pinned):
+        assert {k: v for k, v in g.items() if "loss" not in k} == {k: v for k, v in p.items() if "loss" not in k}
+        assert {k: v for k, v in g.items() if "loss" in k} == pytest.approx(
+            {k: v for k, v in p.items() if "loss" in k}, rel=rel
+        )
 
 
 # what a finished train.py run leaves in its run dir (plus .hydra/ when launched through Hydra)
 RUN_FILES = {"config.yaml", "train.log", "metrics.jsonl", "tensorboard", "checkpoints", ".lock", "run.json"}
 
-# a LeNet-5-BN on 16 FakeData images, CPU, no progress bar (trainer.epochs and the rest added by each test)
-TINY_LENET = [
-    "model=lenet5_bn",
-    "data=fake",
-    "data.image_size=28",
-    "data.train_size=16",
-    "data.val_size=8",
-    "data.batch_size=8",
-    "trainer.progress=false",
-    "trainer.device=cpu",
-]
+# 2 steps of 8 per epoch on the CPU (trainer.epochs and the rest added by each test)
+TINY_LENET = [*TINY_RUN, "data.train_size=16", "data.val_size=8", "data.batch_size=8", "trainer.device=cpu"]
 
 
 def folder_run(root, *extra):
@@ -282,6 +309,60 @@ def signal_at(proc, log, line, sig, timeout=240):
     wait_for_log(proc, log, line, timeout)
     proc.send_signal(sig)
     return proc.wait(timeout=120)
+
+
+def preempt_at(args, at, run):
+    """Train ``args`` in this process into ``run`` until its log reads ``at``, where a SIGTERM stops it (Preempted)."""
+    from addernet.engine import train
+    from addernet.errors import Preempted
+
+    trigger = SigtermOn(at)
+    logging.getLogger("addernet.train").addHandler(trigger)
+    try:
+        with pytest.raises(Preempted):
+            train(compose(args), str(run))
+    finally:
+        logging.getLogger("addernet.train").removeHandler(trigger)
+
+
+def assert_exact_resume(args, at, root, kill_at=None, parts=("model",)):
+    """Determinism on one machine: the run ``args`` trained uninterrupted (in this process) into root/reference, and
+    into root/interrupted stopped by SIGTERM when its train.log reads ``at``, then (``kill_at``) resumed and killed
+    by SIGKILL there, then resumed to the end, give bit-identical metrics and last.pt ``parts`` ("model", "ema",
+    "task"). Without ``kill_at`` the stop is in this process (helpers.SigtermOn), with it train.py processes.
+    Returns the (reference, interrupted) last.pt checkpoints."""
+    import torch
+
+    from addernet.checkpoint import load_checkpoint
+    from addernet.engine import train
+
+    reference, run = Path(root) / "reference", Path(root) / "interrupted"
+    train(compose(args), str(reference))
+    if kill_at is None:
+        preempt_at(args, at, run)
+        assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] >= 1  # saved mid-epoch
+        train(compose(args), str(run))
+    else:
+        command = [*args, f"hydra.run.dir={run}"]
+        proc = start_train(command)
+        assert signal_at(proc, run / "train.log", at, signal.SIGTERM) == 143, proc.stderr.read()[-2000:]
+        assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] >= 1  # saved mid-epoch
+        proc = start_train(command)
+        assert signal_at(proc, run / "train.log", kill_at, signal.SIGKILL) == -signal.SIGKILL
+        proc = start_train(command)
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
+        assert (run / "train.log").read_text().count("resumed from") == 2
+    assert metrics_without_timing(run / "metrics.jsonl") == metrics_without_timing(reference / "metrics.jsonl")
+    ref, got = (load_checkpoint(r / "checkpoints" / "last.pt") for r in (reference, run))
+    for part in parts:
+        if part == "task":
+            assert set(ref["task"]) == set(got["task"])
+            states = [(f"task.{k}", ref["task"][k], got["task"][k]) for k in ref["task"]]
+        else:
+            states = [(part, ref[part], got[part])]
+        for name, want, have in states:
+            assert set(want) == set(have) and all(torch.equal(want[k], have[k]) for k in want), name
+    return ref, got
 
 
 # ---------------------------------------------------------------- test-only training tasks (task.name=helpers.X)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from addernet import AdaptiveLR, Adder2d
 
-from helpers import TESTS, torchrun
+from helpers import TESTS, f32_sum_bound, torchrun
 
 ETA = 0.2
 WORKER = TESTS / "ddp_adaptive_lr_worker.py"
@@ -198,7 +198,8 @@ def test_grad_scaler_gives_the_same_step_and_skips_inf_steps(fused):
     assert scaler.get_scale() == 2.0**12
     assert list(adaptive.alphas) == ["0", "3"]
     if not fused:  # the fused step leaves the grads scaled
-        assert scaled[0].weight.grad.norm().item() == pytest.approx(ETA * math.sqrt(scaled[0].weight.numel()))
+        k = scaled[0].weight.numel()  # a formula: the float32 norm of k squares, in any order
+        assert scaled[0].weight.grad.norm().item() == pytest.approx(ETA * math.sqrt(k), rel=f32_sum_bound(1, k))
 
     # A step with an inf gradient is skipped: no weight or momentum changes.
     alphas_before = adaptive.alphas
@@ -253,7 +254,7 @@ def test_model_without_adder_layers_is_a_no_op():
     ref_opt.step()
     assert adaptive.names == [] and adaptive.alphas == {} and adaptive.apply() == {}
     for p, q in zip(model.parameters(), reference.parameters()):
-        assert torch.equal(p, q)
+        assert torch.equal(p, q)  # determinism on one machine: the same float32 step computed twice
 
 
 def test_only_adder_weights_are_touched_and_frozen_ones_skipped():

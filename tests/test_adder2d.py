@@ -287,6 +287,7 @@ def test_empty_batch(backend, backend_env):
     assert torch.equal(layer.weight.grad, torch.zeros_like(layer.weight))
 
 
+@pytest.mark.slow  # inductor's C++ code generation and compilation
 def test_torch_compile_matches_eager(backend_env):
     backend_env("fast")
     torch.manual_seed(6)

@@ -22,7 +22,7 @@ from addernet.quant.convert import quantize_model
 from addernet.quant.onnx import onnx_ready
 from addernet.tasks import build_task
 
-from helpers import REPO, compose
+from helpers import REPO, compose, f32_sum_bound
 
 BACKENDS = ["fast", "eager"]
 
@@ -156,7 +156,8 @@ def test_adaptive_lr_scales_adder_linear_weights():
     alr.apply()
     for n, m in model.named_modules():
         if isinstance(m, AdderLinear):
-            assert m.weight.grad.norm().item() == pytest.approx(0.2 * math.sqrt(m.weight.numel()), rel=1e-5), n
+            k = m.weight.numel()  # a formula: the float32 norm of k squares, in any order
+            assert m.weight.grad.norm().item() == pytest.approx(0.2 * math.sqrt(k), rel=f32_sum_bound(1, k)), n
     assert torch.equal(model.head.weight.grad, head_grad)  # multiplicative layers untouched
 
 

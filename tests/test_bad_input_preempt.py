@@ -25,6 +25,7 @@ import helpers
 from helpers import (
     FAST,
     REPO,
+    TINY_RUN,
     SlowStepTask,
     child_env,
     compose,
@@ -36,15 +37,10 @@ from helpers import (
 
 # trainer.log_every stays at its default (50): more than the steps of an epoch here
 FAKE = [
-    "data=fake",
+    *TINY_RUN,
     "data.train_size=64",
     "data.val_size=8",
     "data.batch_size=8",
-    "model=lenet5_bn",
-    "data.image_size=28",
-    "trainer.progress=false",
-    "data.num_workers=0",
-    "data.pin_memory=false",
     "trainer.deterministic=true",
     "task.name=helpers.SlowStepTask",
 ]
@@ -66,6 +62,7 @@ def test_sigterm_is_honoured_at_the_next_step_and_resumes_from_an_explicit_path(
     train(
         compose(FAKE + ["trainer.epochs=2", "+task.sigterm_step=11", f"trainer.resume={last}"]), str(tmp_path / "new")
     )  # the same command: step 11 is behind the counter now
+    # determinism on one machine: runs made in this test, bit for bit
     assert metrics_without_timing(tmp_path / "new" / "metrics.jsonl") == metrics_without_timing(
         tmp_path / "reference" / "metrics.jsonl"
     )

@@ -1,8 +1,6 @@
 """data.on_device=true (addernet/data/device_loader.py): torchvision's crop/flip distributions, exactness against a
 per-image reference of the same draws, resume by slicing, exact sharding, and train.py end to end."""
 
-import logging
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,13 +9,13 @@ import torchvision.transforms.functional as TF
 from PIL import Image
 from torch.utils.data import DistributedSampler, Subset, TensorDataset
 
-from addernet.checkpoint import load_checkpoint
 from addernet.data import DataError, DeviceLoader, build_dataset, build_loader, epoch_seed, iter_from, seed_epoch
-from addernet.engine import Preempted, train
+from addernet.engine import train
 from addernet.engine.eval_run import evaluate_checkpoint
 
 from helpers import (
     FAST,
+    assert_exact_resume,
     compose,
     metrics_without_timing,
     trust_cifar10_md5,
@@ -25,7 +23,6 @@ from helpers import (
     write_jpeg_folder,
     write_mnist,
 )
-from helpers import SigtermOn as _SigtermOn
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
 # Upper 0.1% points of the chi-square distribution (scipy.stats.chi2.ppf(0.999, df)), df = 81 cells - 1.
@@ -328,19 +325,4 @@ def test_mid_epoch_resume_equals_uninterrupted(tmp_path, jpeg_cifar):
         "trainer.seed=2",
         *FAST,
     ]
-    train(compose(base), str(tmp_path / "reference"))
-    trigger = _SigtermOn("epoch 2/2 step 3/6")
-    logging.getLogger("addernet.train").addHandler(trigger)
-    try:
-        with pytest.raises(Preempted, match="epoch 2 step 3"):
-            train(compose(base), str(tmp_path / "run"))
-    finally:
-        logging.getLogger("addernet.train").removeHandler(trigger)
-    assert (load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["step"]) == 3
-    train(compose(base), str(tmp_path / "run"))  # resumes from run/checkpoints/last.pt
-    assert metrics_without_timing(tmp_path / "run" / "metrics.jsonl") == metrics_without_timing(
-        tmp_path / "reference" / "metrics.jsonl"
-    )
-    ref = load_checkpoint(tmp_path / "reference" / "checkpoints" / "last.pt")["model"]
-    got = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["model"]
-    assert all(torch.equal(ref[k], got[k]) for k in ref)
+    assert_exact_resume(base, at="epoch 2/2 step 3/6", root=tmp_path)

@@ -2,7 +2,6 @@
 host synchronisation, optimizer/schedule factories, and the error hierarchy."""
 
 import json
-import logging
 import math
 import traceback
 
@@ -15,25 +14,20 @@ from addernet.checkpoint import load_checkpoint
 from addernet.engine import loop, train
 from addernet.optim import build_optimizer, build_scheduler
 
-from helpers import SigtermOn as _SigtermOn
-from helpers import compose, metrics_without_timing
+from helpers import TINY_RUN, assert_exact_resume, assert_records_match, compose, metrics_without_timing
 
-FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false"]
 LENET_FAKE = [
-    "data=fake",
-    "model=lenet5_bn",
-    "data.image_size=28",
+    *TINY_RUN,
     "data.in_channels=1",
     "data.mean=[0.5]",
     "data.std=[0.5]",
     "data.val_size=32",
     "data.batch_size=16",
-    *FAST,
 ]
 
-# Pinned on 2026-12-01 with the engine BEFORE the redesign (addernet/engine/trainer.py at 04b3a6a), then
-# reproduced bit for bit after it: LeNet-5-BN AdderNet on FakeData, 2 epochs, deterministic, one thread,
-# the unfold reference backend (so kernel optimisations cannot move the numbers).
+# Pinned on 2026-12-01 on an AVX2 host: LeNet-5-BN AdderNet on FakeData, 2 epochs, deterministic, one thread,
+# the unfold reference backend (so kernel optimisations cannot move the numbers). The losses are float32 sums whose
+# rounding depends on the instruction set oneDNN and the BLAS use, so they are compared at helpers.PINNED_REL.
 PINNED = [
     {
         "epoch": 1,
@@ -71,7 +65,8 @@ def test_deterministic_run_reproduces_the_pinned_numbers(tmp_path, monkeypatch, 
         ]
     )
     train(cfg, str(tmp_path / "run"))
-    assert metrics_without_timing(tmp_path / "run" / "metrics.jsonl") == PINNED
+    # regression of the numbers on any x86-64 CPU; bit-for-bit determinism is what the exact-resume tests check
+    assert_records_match(metrics_without_timing(tmp_path / "run" / "metrics.jsonl"), PINNED)
 
 
 @pytest.mark.slow  # two runs, 16 steps
@@ -111,28 +106,12 @@ def test_a_task_owned_module_trains_is_checkpointed_and_resumes_exactly(tmp_path
         "trainer.log_every=1",
         "task.name=helpers.AuxHeadTask",
     ]
-    train(compose(base), str(tmp_path / "reference"))
-    ref = load_checkpoint(tmp_path / "reference" / "checkpoints" / "last.pt")
+    ref, _ = assert_exact_resume(base, at="epoch 2/2 step 3/4", root=tmp_path, parts=("model", "task"))
     head = ref["task"]["head"]
     torch.manual_seed(1234)
     untrained = torch.nn.Linear(10, 10).state_dict()
     assert not torch.equal(head["weight"], untrained["weight"])  # in the optimizer: it trained
     assert all(n in ref["optimizer"]["state"] for n in range(len(ref["optimizer"]["param_groups"][1]["params"])))
-
-    trigger = _SigtermOn("epoch 2/2 step 3/4")
-    logging.getLogger("addernet.train").addHandler(trigger)
-    try:
-        with pytest.raises(errors.Preempted):
-            train(compose(base), str(tmp_path / "a"))
-    finally:
-        logging.getLogger("addernet.train").removeHandler(trigger)
-    train(compose(base), str(tmp_path / "a"))  # resumes mid-epoch from last.pt
-    got = load_checkpoint(tmp_path / "a" / "checkpoints" / "last.pt")
-    assert all(torch.equal(head[k], got["task"]["head"][k]) for k in head)
-    assert all(torch.equal(ref["model"][k], got["model"][k]) for k in ref["model"])
-    assert metrics_without_timing(tmp_path / "a" / "metrics.jsonl") == metrics_without_timing(
-        tmp_path / "reference" / "metrics.jsonl"
-    )
 
 
 def _in_data_loading():
@@ -190,7 +169,7 @@ def test_training_steps_make_no_host_synchronisation_beyond_the_configured_check
 
 
 def test_nan_is_still_caught_between_checks_and_nothing_is_saved(tmp_path):
-    base = [*LENET_FAKE, "data.train_size=64", "trainer.log_every=1000"]
+    base = [*LENET_FAKE, "data.train_size=32", "trainer.log_every=1000"]  # 2 steps an epoch, none logged
     train(compose(base + ["trainer.epochs=1"]), str(tmp_path / "run"))
     before = (tmp_path / "run" / "checkpoints" / "last.pt").read_bytes()
     with pytest.raises(errors.NonFiniteLoss, match=r"epoch 2 step 1;.*last good state \(epoch 1\)"):

@@ -88,6 +88,10 @@ def test_every_prediction_and_logit_matches_the_official_code():
     assert labels.tolist() == [by_file[f]["label"] for f in files]  # ImageFolder order = CIFAR-10 label order
     assert logits.argmax(1).tolist() == [by_file[f]["pred"] for f in files]
     scale = want.abs().amax(1)
+    # every reference prediction wins by more than twice the 1e-3 bound below, so any CPU within it (and the
+    # pinned top-1 of test_pinned_top1_on_the_shared_sample) agrees whatever its float32 rounding
+    top2 = want.topk(2, 1).values
+    assert ((top2[:, 0] - top2[:, 1]) / scale).min().item() > 2e-3
     rel = (logits - want).abs().amax(1) / scale
     backend = os.environ.get("ADDERNET_BACKEND", "fast")
     assert rel.max().item() <= 1e-3, (

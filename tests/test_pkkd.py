@@ -4,7 +4,6 @@ of the student, layer selection, bad input, and DDP (2 gloo ranks) equals one pr
 
 import copy
 import importlib
-import signal
 import sys
 
 import pytest
@@ -23,12 +22,11 @@ from addernet.tasks.kernels import conv_sq_distance, gaussian_kernel, laplacian_
 from helpers import (
     TESTS,
     TINY_LENET,
+    assert_exact_resume,
     child_env,
     compose,
-    metrics_without_timing,
+    f32_sum_bound,
     run_train,
-    signal_at,
-    start_train,
     torchrun,
 )
 
@@ -107,7 +105,9 @@ def test_feature_loss_is_the_kernel_formula_by_unfolding_and_rho_starts_as_ident
     # First batch: the running means are this batch's means; rho is the identity.
     expected = F.mse_loss(torch.exp(-l1 / l1.mean()), torch.exp(-l2 / l2.mean()))
     assert out["feature"].item() == pytest.approx(expected.item(), rel=1e-4)
-    assert task.rho.student_scale.item() == pytest.approx(l1.mean().item(), rel=1e-5)
+    # a formula against float64: a float32 mean of l1.numel() positive sums of 150 positive terms each
+    exact = (ca.double()[:, None] - wa.double()[None, :, :, None]).abs().sum(2).mean().item()
+    assert task.rho.student_scale.item() == pytest.approx(exact, rel=f32_sum_bound(1, 150 + l1.numel()))
     assert out["loss"].item() == pytest.approx(
         (out["ce"] + 0.5 * out["kd"] + 3 * out["feature"] + out["teacher_ce"]).item(), rel=1e-6
     )
@@ -142,7 +142,7 @@ def test_adaptive_lr_touches_only_the_students_adder_weights():
     for name, p in [*task.teacher.named_parameters(), *task.rho.named_parameters()]:
         assert torch.equal(p.grad, others[name]), name
     g = task.model.conv2.weight.grad
-    assert g.norm().item() == pytest.approx(0.2 * g.numel() ** 0.5, rel=1e-5)
+    assert g.norm().item() == pytest.approx(0.2 * g.numel() ** 0.5, rel=f32_sum_bound(1, g.numel()))  # float32 norm
 
 
 def test_layer_selection_all_stage_last_and_names():
@@ -237,26 +237,15 @@ def _resume_args(root, run=None):
 
 @pytest.mark.slow
 def test_kill_and_resume_equals_uninterrupted_for_student_teacher_and_rho(tmp_path, jpeg_cifar):
-    reference = tmp_path / "reference"
-    train(compose(_resume_args(jpeg_cifar)), str(reference))
-
-    run = tmp_path / "interrupted"
-    log = run / "train.log"
-    proc = start_train(_resume_args(jpeg_cifar, run))  # SIGTERM mid-epoch 2: a mid-epoch last.pt (RNG included)
-    assert signal_at(proc, log, "epoch 2/3 step 2/6", signal.SIGTERM) == 143, proc.stderr.read()[-2000:]
-    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] >= 2
-    proc = start_train(_resume_args(jpeg_cifar, run))  # SIGKILL mid-epoch 3: nothing saved
-    assert signal_at(proc, log, "epoch 3/3 step 3/6", signal.SIGKILL) == -signal.SIGKILL
-    proc = start_train(_resume_args(jpeg_cifar, run))
-    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
-    assert log.read_text().count("resumed from") == 2
-
-    assert metrics_without_timing(run / "metrics.jsonl") == metrics_without_timing(reference / "metrics.jsonl")
-    ref, got = (load_checkpoint(r / "checkpoints" / "last.pt") for r in (reference, run))
+    # SIGTERM mid-epoch 2 (a mid-epoch last.pt, RNG included), SIGKILL mid-epoch 3 (nothing saved), resume
+    ref, got = assert_exact_resume(
+        _resume_args(jpeg_cifar),
+        at="epoch 2/3 step 2/6",
+        kill_at="epoch 3/3 step 3/6",
+        root=tmp_path,
+        parts=("model", "task"),
+    )
     assert set(got["task"]) == {"teacher", "rho"}
-    for name, state in [("model", ref["model"]), *(("task." + k, v) for k, v in ref["task"].items())]:
-        other = got["model"] if name == "model" else got["task"][name[5:]]
-        assert set(state) == set(other) and all(torch.equal(state[k], other[k]) for k in state), name
     init = build_task(model_from_config(compose(_resume_args(jpeg_cifar))), compose(_resume_args(jpeg_cifar)))
     assert not torch.equal(init.teacher.conv2.weight, ref["task"]["teacher"]["conv2.weight"])  # the teacher trained
 

@@ -8,10 +8,12 @@ removing those keys must give exactly those values; those keys must be at their 
 tests/data/composed_configs.json holds the whole resolved config of every configs/experiment preset, every
 configs/data option (composed into train.yaml), train.yaml and test.yaml: the shared blocks the presets and data
 options include through their defaults lists (configs/experiment/_blocks/, configs/data/_loader.yaml) must
-compose to exactly those values.
+compose to exactly those values. After an intended change to a config, regenerate it from the repository root
+with ``python tests/test_presets_unchanged.py --write`` and review the diff.
 """
 
 import json
+import sys
 
 import pytest
 from omegaconf import OmegaConf
@@ -79,7 +81,8 @@ def test_preset_composes_to_the_same_values_with_every_new_option_off(preset):
     assert set(NEW_KEYS) - set(found) <= {"data.train_size", "data.val_size"}  # FakeData's sizes stay as they were
 
 
-COMPOSED = json.loads((REPO / "tests" / "data" / "composed_configs.json").read_text())
+COMPOSED_FILE = REPO / "tests" / "data" / "composed_configs.json"
+COMPOSED = json.loads(COMPOSED_FILE.read_text())
 
 
 def _options(group):
@@ -92,8 +95,8 @@ def test_every_preset_and_data_option_is_pinned():
     assert pinned == {f"experiment={p}" for p in _options("experiment")} | {f"data={d}" for d in _options("data")}
 
 
-@pytest.mark.parametrize("choice", sorted(COMPOSED))
-def test_composes_to_exactly_the_pinned_config(choice):
+def _composed(choice):
+    """The resolved config of one pinned choice, without the data-kind keys and trainer.backend (checked here)."""
     if choice == "(test.yaml)":
         cfg = compose(["checkpoint=x.pt"], config_name="test")
     else:
@@ -102,4 +105,17 @@ def test_composes_to_exactly_the_pinned_config(choice):
     _pop_data_kind(config)
     if "backend" in config.get("trainer", {}):
         assert config["trainer"].pop("backend") == NEW_KEYS["trainer.backend"]
-    assert config == COMPOSED[choice]
+    return config
+
+
+@pytest.mark.parametrize("choice", sorted(COMPOSED))
+def test_composes_to_exactly_the_pinned_config(choice):
+    assert _composed(choice) == COMPOSED[choice]
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:  # regenerate composed_configs.json (see the docstring)
+    choices = ["(train.yaml)", "(test.yaml)"]
+    choices += [f"experiment={p}" for p in sorted(_options("experiment"))] + [
+        f"data={d}" for d in sorted(_options("data"))
+    ]
+    COMPOSED_FILE.write_text(json.dumps({c: _composed(c) for c in sorted(choices)}, indent=1, sort_keys=True) + "\n")

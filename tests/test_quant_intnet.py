@@ -29,7 +29,7 @@ def _images(n, seed):
 @torch.no_grad()
 def _quantised_resnet20(bits, groups=4):
     """A ResNet-20 with BatchNorm statistics from its own activations, filters spread over a wide range of
-    max|w| (so groups get different scales), quantised on 32 images."""
+    max|w| (so groups get different scales), quantised on 16 images (one calibration batch)."""
     torch.manual_seed(0)
     model = build_model("resnet20")
     for m in model.modules():
@@ -40,7 +40,7 @@ def _quantised_resnet20(bits, groups=4):
     model.train()
     model(_images(32, 0))
     model.eval()
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(_images(32, 1), torch.zeros(32)), batch_size=16)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(_images(16, 1), torch.zeros(16)), batch_size=16)
     return quantize_model(model, loader, OmegaConf.merge(QUANT_DEFAULTS, {"bits": bits, "groups": groups}))
 
 
@@ -120,7 +120,7 @@ def test_batch_and_thread_splits_give_identical_outputs(quantised):
         serial = net.features(x)
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(whole, single) and torch.equal(whole, serial)
+    assert torch.equal(whole, single) and torch.equal(whole, serial)  # determinism on one machine, however split
 
 
 def test_inference_model_and_runtime_choices(quantised):
@@ -156,7 +156,7 @@ def test_load_quantized_returns_the_integer_network(tmp_path):
     x = _images(4, 4)
     net = load_quantized(path)
     assert isinstance(net, IntegerResNet) and not net.training
-    assert torch.equal(net(x), IntegerResNet(model)(x))
+    assert torch.equal(net(x), IntegerResNet(model)(x))  # determinism: the same network rebuilt from its file
     layers = load_quantized(path, runtime="layers")
     assert isinstance(layers.layer1[0].conv1, QAdder2d)
     with torch.no_grad():

@@ -63,6 +63,7 @@ def test_sigterm_then_sigkill_then_resume_equals_uninterrupted(tmp_path, jpeg_ci
     assert text.count("resumed from") == 2
     assert f"1 epoch(s) done, {ckpt['step']} step(s) into the next" in text
 
+    # determinism on one machine: runs made in this test, bit for bit
     expected = metrics_without_timing(reference / "metrics.jsonl")
     assert len(expected) == EPOCHS and metrics_without_timing(run / "metrics.jsonl") == expected
     ref_model = load_checkpoint(reference / "checkpoints" / "last.pt")["model"]

@@ -13,7 +13,7 @@ from addernet.engine.config import check_config
 from addernet.errors import ConfigError
 from addernet.tasks import build_task
 
-from helpers import TESTS, TINY_LENET, compose, torchrun
+from helpers import TESTS, TINY_LENET, compose, f32_ce_bound, torchrun
 
 LENET = [
     *TINY_LENET,
@@ -45,10 +45,12 @@ def test_label_smoothing_is_the_smoothed_cross_entropy_of_the_student(task_args)
     out0, out = plain(x, y), smooth(x, y)
     torch.testing.assert_close(out["output"], out0["output"])  # same weights, same batch
     ce = out.get("ce", out["loss"])
-    assert ce.item() == pytest.approx(smoothed_ce(out["output"], y, 0.2).item(), rel=1e-6)
-    assert out0.get("ce", out0["loss"]).item() == pytest.approx(smoothed_ce(out0["output"], y, 0.0).item(), rel=1e-6)
+    # a formula against float64, within the float32 rounding of a cross-entropy of these logits
+    bound = f32_ce_bound(out["output"])
+    assert ce.item() == pytest.approx(smoothed_ce(out["output"], y, 0.2).item(), abs=bound)
+    assert out0.get("ce", out0["loss"]).item() == pytest.approx(smoothed_ce(out0["output"], y, 0.0).item(), abs=bound)
     if "teacher_ce" in out:  # PKKD's co-trained teacher keeps the plain CE (docs/training.md)
-        assert out["teacher_ce"].item() == pytest.approx(out0["teacher_ce"].item(), rel=1e-6)
+        assert out["teacher_ce"].item() == pytest.approx(out0["teacher_ce"].item(), rel=1e-6)  # the same, twice
         assert (out["loss"] - out0["loss"]).item() == pytest.approx((out["ce"] - out0["ce"]).item(), abs=1e-5)
 
 
@@ -65,8 +67,9 @@ def test_label_smoothing_in_kd_applies_to_the_ce_term_only(tmp_path):
         task.to("cpu")
         outs.append(task.train()(x, y))
     plain, smooth = outs
-    assert smooth["ce"].item() == pytest.approx(smoothed_ce(smooth["output"], y, 0.1).item(), rel=1e-6)
-    assert smooth["kd"].item() == pytest.approx(plain["kd"].item(), rel=1e-6)
+    bound = f32_ce_bound(smooth["output"])  # a formula against float64, within a float32 cross-entropy's rounding
+    assert smooth["ce"].item() == pytest.approx(smoothed_ce(smooth["output"], y, 0.1).item(), abs=bound)
+    assert smooth["kd"].item() == pytest.approx(plain["kd"].item(), rel=1e-6)  # the same KL term computed twice
     assert smooth["loss"].item() == pytest.approx(0.5 * smooth["ce"].item() + 0.5 * smooth["kd"].item(), rel=1e-6)
 
 
@@ -250,28 +253,17 @@ def _options_args(root, run=None, *extra):
 @pytest.mark.slow
 def test_options_together_resume_exactly_after_sigterm_and_test_py_evaluates_the_ema(tmp_path, jpeg_cifar):
     import json
-    import signal
 
-    from addernet.checkpoint import load_checkpoint
-    from addernet.engine import train
+    from helpers import assert_exact_resume, metrics_without_timing, run_train
 
-    from helpers import metrics_without_timing, run_train, signal_at, start_train
-
-    reference = tmp_path / "reference"
-    train(compose(_options_args(jpeg_cifar)), str(reference))
+    # SIGTERM mid-epoch 2 (in this process): a mid-epoch last.pt, then the resumed run equals the uninterrupted one
+    ref, got = assert_exact_resume(
+        _options_args(jpeg_cifar), at="epoch 2/2 step 1/3", root=tmp_path, parts=("model", "ema")
+    )
     run = tmp_path / "interrupted"
-    proc = start_train(_options_args(jpeg_cifar, run))  # SIGTERM mid-epoch 2: a mid-epoch last.pt
-    assert signal_at(proc, run / "train.log", "epoch 2/2 step 1/3", signal.SIGTERM) == 143, proc.stderr.read()[-2000:]
-    assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] >= 1
-    proc = start_train(_options_args(jpeg_cifar, run))
-    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
-
     records = metrics_without_timing(run / "metrics.jsonl")
-    assert records == metrics_without_timing(reference / "metrics.jsonl")
     assert {"ema_val_loss", "ema_val_top1", "ema_val_top5"} <= set(records[-1])
     assert "precise_bn_seconds" in json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
-    ref, got = (load_checkpoint(r / "checkpoints" / "last.pt") for r in (reference, run))
-    assert set(got["ema"]) == set(ref["ema"]) and all(torch.equal(ref["ema"][k], got["ema"][k]) for k in ref["ema"])
     assert got["ema"]["n_averaged"].item() == 6  # 2 epochs x 3 steps
     # test.py ema=true evaluates the stored average: the logged ema_val_* of the last epoch
     out = run_train(
@@ -384,6 +376,7 @@ def test_debug_preset_is_one_deterministic_epoch_of_a_few_batches(tmp_path, jpeg
     ]  # the fixture has 48 / 37 images
     for name in ("a", "b"):
         train(compose(args), str(tmp_path / name))
+    # determinism on one machine: runs made in this test, bit for bit
     records = metrics_without_timing(tmp_path / "a" / "metrics.jsonl")
     assert records == metrics_without_timing(tmp_path / "b" / "metrics.jsonl")
     assert len(records) == 1 and records[0]["val_n"] == 20

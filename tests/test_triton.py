@@ -179,6 +179,7 @@ def _sass_report():
 
 
 @pytest.mark.codegen
+@pytest.mark.slow  # compiles every lanes-along-pixels tile for sm_90 (ptxas): about a minute
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_sm90_code_of_pixel_lane_tiles_keeps_the_register_tile():
     """The lanes-along-pixels tiles (TN == 1), compiled for sm_90 exactly as a launch would, in the

@@ -50,6 +50,8 @@ def test_test_py_prints_the_manifest_top1(name):
     res = run_train([f"checkpoint={path(name)}", f"data.root={MNIST}", "data.download=false"], script=("test.py",))
     assert res.returncode == 0, res.stderr[-2000:]
     result = json.loads(res.stdout.strip().splitlines()[-1])
+    # regression of counts pinned on another machine: the closest top-2 margin of any zoo model on these 10,000
+    # images is 2.2e-4 of the largest logit (measured 2026-12-02), far above the float32 rounding a CPU changes
     assert (result["top1"], result["top5"], result["n"]) == (ENTRIES[name]["top1"], ENTRIES[name]["top5"], 10000)
 
 
