@@ -16,11 +16,10 @@ addernet/analysis/op_count.py. The last line printed is one JSON object with eve
 import json
 import sys
 
-import hydra
 from omegaconf import OmegaConf
 
 from addernet.analysis import count_model_ops, format_report
-from addernet.engine.entry_checks import exit_on_bad_command_line, groups_listing
+from addernet.config.entry import run_entry
 from addernet.errors import reported
 from addernet.models import MODELS, NATIVE_DATA
 
@@ -34,11 +33,7 @@ def native_data(argv):
     return f"data={NATIVE_DATA[MODELS[name][1]][0]}" if name in MODELS and MODELS[name][1] in NATIVE_DATA else None
 
 
-OmegaConf.register_new_resolver("entry_groups", groups_listing, replace=True)  # --help of configs/train.yaml
-
-
-@hydra.main(version_base="1.3", config_path="../configs", config_name="train")
-def main(cfg):
+def task(cfg):
     with reported("count_ops.py", errors=(ValueError,)):
         options = {
             k: v
@@ -54,7 +49,6 @@ def main(cfg):
 
 if __name__ == "__main__":
     # A read-only tool: write no Hydra run directory (the user's own overrides come later and win).
-    exit_on_bad_command_line(sys.argv[1:], "train", "count_ops.py", run_dir=False)
     native = native_data(sys.argv[1:])
     sys.argv[1:1] = ["hydra.output_subdir=null", "hydra.run.dir=."] + ([native] if native else [])
-    main()
+    run_entry("count_ops.py", "train", task)

@@ -7,22 +7,20 @@ a dynamic batch, output "logits"; onnx.checker runs on the file. Needs the optio
 """
 
 import json
-import sys
 
-import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from addernet.engine.entry_checks import check_output_path, exit_on_bad_command_line
+from addernet.config.entry import run_entry
 from addernet.engine.eval_run import load_float_model
+from addernet.engine.output_path import check_output_path
 from addernet.errors import reported
 from addernet.quant import quantize_for_eval
 from addernet.quant.onnx import export_onnx
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="export_onnx")
-def main(cfg):
+def task(cfg):
     with reported("export_onnx.py", errors=(OmegaConfBaseException, ValueError, ImportError)):
         check_output_path(cfg.get("out"), "out", inputs=(cfg.get("checkpoint"),), overwrite=bool(cfg.overwrite))
         model, cfg, path = load_float_model(
@@ -35,6 +33,9 @@ def main(cfg):
         print(json.dumps({"out": str(cfg.out), "opset": int(cfg.opset), "quant": info}), flush=True)
 
 
+def main():
+    run_entry("export_onnx.py", "export_onnx", task)
+
+
 if __name__ == "__main__":
-    exit_on_bad_command_line(sys.argv[1:], "export_onnx", "export_onnx.py", run_dir=False)
     main()

@@ -8,22 +8,20 @@ without calibrating again, and loads with torch.load(weights_only=True). Prints 
 """
 
 import json
-import sys
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from addernet.config.entry import run_entry
 from addernet.engine import ConfigError
-from addernet.engine.entry_checks import check_output_path, exit_on_bad_command_line
 from addernet.engine.eval_run import load_float_model
+from addernet.engine.output_path import check_output_path
 from addernet.errors import reported
 from addernet.quant import quantize_for_eval, save_quantized
 
 
-@hydra.main(version_base="1.3", config_path="../configs", config_name="quantize")
-def main(cfg):
+def task(cfg):
     with reported("quantize.py", errors=(OmegaConfBaseException,)):
         check_output_path(cfg.get("out"), "out", inputs=(cfg.get("checkpoint"),), overwrite=bool(cfg.overwrite))
         model, cfg, path = load_float_model(cfg, HydraConfig.get().overrides.task, entry="quantize")
@@ -37,6 +35,9 @@ def main(cfg):
         print(json.dumps({"out": str(cfg.out), **settings}), flush=True)
 
 
+def main():
+    run_entry("quantize.py", "quantize", task)
+
+
 if __name__ == "__main__":
-    exit_on_bad_command_line(sys.argv[1:], "quantize", "quantize.py", run_dir=False)
     main()
