@@ -14,14 +14,16 @@ import torch.nn as nn
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from .. import distributed as dist
 from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, open_checkpoint, read_checkpoint
 from ..checkpoint.official import load_official
 from ..config import config_dir
-from ..config.validate import check_schema
+from ..config.validate import check_schema, one_line
 from ..data import build_loader, check_classes, take_skipped
 from ..errors import ConfigError
 from ..models import model_from_config
@@ -56,10 +58,43 @@ def _overridden(overrides):
 
 
 def _compose(config_name, overrides):
-    if GlobalHydra.instance().is_initialized():  # inside the entry point's hydra.main
-        return compose(config_name=config_name, overrides=overrides)
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return compose(config_name=config_name, overrides=overrides)
+    try:
+        if GlobalHydra.instance().is_initialized():  # inside the entry point's hydra.main
+            return compose(config_name=config_name, overrides=overrides)
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+            return compose(config_name=config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(one_line(e)) from None
+
+
+def _layer_kinds(cfg):
+    """{module name: class name} of the modules holding parameters of the model cfg builds (on the meta device)."""
+    with torch.device("meta"):
+        model = model_from_config(cfg)
+    return {n: type(m).__name__ for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
+
+
+def check_stored_layers(cfg, stored, path):
+    """ConfigError when the command line changes the kind of a layer the checkpoint's weights were trained in.
+
+    A model option (model.keep_first=false, model.exclude=...) can turn a convolution into an adder layer of the
+    same weight shape: the weights would load and compute nonsense.
+    """
+    if not isinstance((stored or {}).get("model"), dict) or cfg.model.get("name") != stored["model"].get("name"):
+        return
+    try:
+        before = _layer_kinds(OmegaConf.create({"model": stored["model"], "data": stored.get("data") or cfg.data}))
+    except (ConfigError, TypeError, ValueError):
+        return  # the stored model cannot be rebuilt here: the weights' names and shapes are checked at loading
+    after = _layer_kinds(cfg)
+    changed = [n for n in before if n in after and before[n] != after[n]]
+    if changed:
+        name = changed[0]
+        raise ConfigError(
+            f"{path} was trained with {name} as {before[name]}, but this model builds it as {after[name]} "
+            f"({len(changed)} layer(s) changed by the model.* overrides); drop the override to evaluate the "
+            f"checkpoint as it was trained."
+        )
 
 
 def effective_config(cfg, stored, overrides, config_name="test"):
@@ -210,6 +245,7 @@ def stored_model(cfg, overrides, entry="test"):
         state = ema_weights(load_checkpoint(path, map_location="cpu"), path)
     cfg = effective_config(cfg, stored, overrides, entry)
     check_eval_config(cfg)
+    check_stored_layers(cfg, stored, path)
     return _load_model(cfg, path, state, stored, kind), cfg, path, kind, classes
 
 
