@@ -149,3 +149,11 @@ def test_a_stored_config_older_than_the_schema_gets_the_options_defaults():
         "lenet5_bn",
     )
     assert cfg.data.num_workers == 2  # stored, not mnist.yaml's auto
+
+
+def test_the_configuration_reference_is_generated_from_the_schema():
+    from addernet.config.docs import render
+
+    assert (REPO / "docs" / "configuration.md").read_text() == render(), (
+        "docs/configuration.md is stale: python -m addernet.config.docs > docs/configuration.md"
+    )
