@@ -14,10 +14,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from ..errors import ConfigError
+from .schema import SCHEMAS
+
+ENTRIES = {node: name[1:] for group, name, node, _ in SCHEMAS if group is None}  # TrainConfig: "train"
 
 
 def _hint(key, valid):
     close = difflib.get_close_matches(str(key), sorted(valid), n=1, cutoff=0.5)
+    close = close or [v for v in sorted(valid) if v.endswith(f".{key}") or key.startswith(f"{v}.")][:1]
     return f" (did you mean {close[0]}?)" if close else ""
 
 
@@ -27,10 +31,10 @@ def _declared(node):
     return {f.name for f in dataclasses.fields(kind)} if dataclasses.is_dataclass(kind) else None
 
 
-def unknown_key(full_key, valid, owner):
-    """The one-line error of a key ``owner`` does not have."""
+def unknown_key(full_key, valid, owner, nested=()):
+    """The one-line error of a key ``owner`` does not have; ``nested``: further candidates (``trainer.epochs``)."""
     prefix = full_key.rpartition(".")[0]
-    candidates = [f"{prefix}.{k}" if prefix else k for k in sorted(valid)]
+    candidates = [f"{prefix}.{k}" if prefix else k for k in sorted(valid)] + list(nested)
     return (
         f"unknown key {full_key}{_hint(full_key, candidates)}: {owner} has no such setting; "
         f"its settings: {', '.join(sorted(valid))}."
@@ -39,7 +43,9 @@ def unknown_key(full_key, valid, owner):
 
 def _owner(node, path):
     name = node.get("name") if "name" in _declared(node) else None
-    return f"{path}={name}" if path and isinstance(name, str) else (path or "the entry point's config")
+    if not path:
+        return ENTRIES.get(OmegaConf.get_type(node), "the config")  # the entry point: train, test ...
+    return f"{path}={name}" if isinstance(name, str) else path
 
 
 def check_schema(cfg, path=""):
@@ -48,7 +54,8 @@ def check_schema(cfg, path=""):
     for key in cfg.keys():
         full = f"{path}.{key}" if path else str(key)
         if declared is not None and key not in declared:
-            raise ConfigError(unknown_key(full, declared, _owner(cfg, path)))
+            nested = [f"{g}.{k}" for g in declared if isinstance(cfg._get_node(g), DictConfig) for k in cfg[g] or ()]
+            raise ConfigError(unknown_key(full, declared, _owner(cfg, path), nested if not path else ()))
         child = cfg._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
             check_schema(child, full)

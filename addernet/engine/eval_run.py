@@ -151,6 +151,7 @@ def _load_model(cfg, path, state, stored, kind):
     check_stored_model(
         cfg, stored, path, ("name", "layer"), "evaluate it with the model it was trained as (drop the model override)"
     )
+    check_stored_layers(cfg, stored, path)
     if stored is None:
         check_bare_layer(cfg, model, path)
     return model
@@ -245,7 +246,6 @@ def stored_model(cfg, overrides, entry="test"):
         state = ema_weights(load_checkpoint(path, map_location="cpu"), path)
     cfg = effective_config(cfg, stored, overrides, entry)
     check_eval_config(cfg)
-    check_stored_layers(cfg, stored, path)
     return _load_model(cfg, path, state, stored, kind), cfg, path, kind, classes
 
 
