@@ -102,44 +102,6 @@ def test_names_in_different_unicode_forms_are_shown_by_code_point(small_folder):
 # --- unknown keys, group choices, run dirs: one line, exit 2 --------------------------------------------------------
 
 
-def _one_line(entry, argv):
-    """The one-line error of composing ``argv`` for configs/<entry>.yaml and checking it against the schema."""
-    from hydra.errors import HydraException
-
-    from addernet.config.validate import check_schema, one_line
-
-    try:
-        check_schema(compose(argv, config_name=entry))
-    except ConfigError as e:
-        return str(e)
-    except HydraException as e:
-        return one_line(e)
-    return None
-
-
-@pytest.mark.parametrize(
-    "entry, argv, message",
-    [
-        ("train", ["+epochs=3"], r"unknown key epochs \(did you mean trainer.epochs\?\): train has no such setting"),
-        ("train", ["trainer.epoch=3"], r"unknown key trainer.epoch \(did you mean trainer.epochs\?\)"),
-        (
-            "train",
-            ["model=resnet21"],
-            r"model=resnet21 is not an option of model .*choose one of lenet5_bn, .*resnet20",
-        ),
-        ("train", ["quant.bits=8"], r"unknown key quant: train has no such setting"),
-        ("test", ["+result_file=r.json"], r"unknown key result_file \(did you mean results_file\?\)"),
-        ("test", ["+quant.bitz=8"], r"unknown key quant.bitz \(did you mean quant.bits\?\)"),
-        ("quantize", ["+outt=x.pt"], r"unknown key outt \(did you mean out\?\): quantize has no such setting"),
-        ("export_onnx", ["opsett=17"], r"unknown key opsett \(did you mean opset\?\)"),
-    ],
-)
-def test_unknown_keys_and_options_are_one_line(entry, argv, message):
-    error = _one_line(entry, argv)
-    assert error is not None and "\n" not in error
-    assert __import__("re").search(message, error), error
-
-
 def test_unknown_top_level_keys_are_refused_once_composed():
     from addernet.engine import ConfigError, check_config
 

@@ -60,6 +60,29 @@ def test_the_closest_key_and_option_are_named():
     assert _refused(["+epochs=3"]).startswith("unknown key epochs")  # no top-level key of that name
 
 
+@pytest.mark.parametrize(
+    "entry, argv, message",
+    [
+        ("train", ["+epochs=3"], r"unknown key epochs \(did you mean trainer.epochs\?\): train has no such setting"),
+        ("train", ["trainer.epoch=3"], r"unknown key trainer.epoch \(did you mean trainer.epochs\?\)"),
+        (
+            "train",
+            ["model=resnet21"],
+            r"model=resnet21 is not an option of model .*choose one of lenet5_bn, .*resnet20",
+        ),
+        ("train", ["quant.bits=8"], r"unknown key quant: train has no such setting"),
+        ("test", ["+result_file=r.json"], r"unknown key result_file \(did you mean results_file\?\)"),
+        ("test", ["+quant.bitz=8"], r"unknown key quant.bitz \(did you mean quant.bits\?\)"),
+        ("quantize", ["+outt=x.pt"], r"unknown key outt \(did you mean out\?\): quantize has no such setting"),
+        ("export_onnx", ["opsett=17"], r"unknown key opsett \(did you mean opset\?\)"),
+    ],
+)
+def test_unknown_keys_and_options_are_one_line(entry, argv, message):
+    error = _refused(argv, entry)
+    assert "\n" not in error
+    assert __import__("re").search(message, error), error
+
+
 def test_booleans_are_booleans():
     assert compose(["checkpoint=x.pt", "ema=no"], config_name="test").ema is False
     assert compose(["checkpoint=x.pt", "ema=off"], config_name="test").ema is False
