@@ -1,6 +1,7 @@
 """The schema (addernet/config/schema.py): Hydra refuses unknown keys and wrong types in every group and preset,
 every entry point reports them in one line with exit 2, and test.py's stored config + command line rule."""
 
+import json
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ from addernet.config.validate import check_schema, one_line
 from addernet.engine.eval_run import effective_config, stored_model
 from addernet.errors import ConfigError
 
-from helpers import REPO, compose
+from helpers import REPO, SHARED, compose, needs_shared
 
 PRESETS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
 # group -> (a key of every option's schema with a value of the wrong type, the type named in the error)
@@ -180,3 +181,13 @@ def test_the_configuration_reference_is_generated_from_the_schema():
     assert (REPO / "docs" / "configuration.md").read_text() == render(), (
         "docs/configuration.md is stale: python -m addernet.config.docs > docs/configuration.md"
     )
+
+
+@pytest.mark.slow
+@needs_shared("mnist/MNIST/raw")
+def test_quantize_py_reads_the_zoo_file_as_test_py_does(tmp_path):
+    out = tmp_path / "q.pt"
+    args = [f"checkpoint={ZOO}", f"out={out}", "quant.bits=8", "quant.calib_images=256", "trainer.progress=false"]
+    r = _run("scripts/quantize.py", *args, f"data.root={SHARED / 'mnist'}", "data.download=false")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["bits"] == 8 and out.is_file()
