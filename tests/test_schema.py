@@ -191,3 +191,23 @@ def test_quantize_py_reads_the_zoo_file_as_test_py_does(tmp_path):
     r = _run("scripts/quantize.py", *args, f"data.root={SHARED / 'mnist'}", "data.download=false")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["bits"] == 8 and out.is_file()
+
+
+@pytest.mark.slow
+def test_load_quantized_rebuilds_a_torchvision_model_with_its_stored_options(tmp_path):
+    from addernet.models import model_from_config
+    from addernet.quant import load_quantized, quantize_for_eval, save_quantized
+
+    data = {**FAKE, "train_size": 16, "batch_size": 8, "num_workers": 0, "pin_memory": False}
+    quant = {"bits": 8, "calib_images": 16, "calib_batch_size": 8, "bn_recalib": False}
+    cfg = compose(["data=fake", "model=torchvision", *(f"quant.{k}={v}" for k, v in quant.items())], "test")
+    cfg = OmegaConf.merge(cfg, {"model": TORCHVISION, "data": data, "trainer": {"progress": False}})
+    model, _ = quantize_for_eval(model_from_config(cfg).eval(), cfg)
+    path = tmp_path / "q.pt"
+    config = {"model": TORCHVISION, "data": data}
+    save_quantized(path, model, config, {"bits": 8, "groups": 4})
+    loaded = load_quantized(path, runtime="layers")
+    kinds = {n: type(m).__name__ for n, m in loaded.named_modules()}
+    assert kinds["layer4.0.conv1"] == "Conv2d" and kinds["layer3.0.conv1"] != "Conv2d"  # exclude=[layer4.*] kept
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.allclose(loaded(x), model(x), atol=1e-4)
