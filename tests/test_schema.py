@@ -14,6 +14,7 @@ from addernet.config.validate import check_schema, one_line
 from addernet.engine.eval_run import effective_config, stored_model
 from addernet.errors import ConfigError
 
+from helpers import FAKE as FAKE_RUN
 from helpers import REPO, SHARED, compose, needs_shared
 
 PRESETS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
@@ -84,6 +85,15 @@ def test_unknown_keys_and_options_are_one_line(entry, argv, message):
     assert __import__("re").search(message, error), error
 
 
+def test_a_task_class_outside_the_package_adds_its_keys():
+    from addernet.engine import check_config
+
+    tiny = [*FAKE_RUN, "task.name=helpers.L2PenaltyTask"]
+    check_config(compose([*tiny, "+task.weight=0.1"]))  # a key of the class's config_keys
+    with pytest.raises(ConfigError, match=r"unknown key task.wieght \(did you mean task.weight\?\)"):
+        check_config(compose([*tiny, "+task.wieght=0.1"]))
+
+
 def test_booleans_are_booleans():
     assert compose(["checkpoint=x.pt", "ema=no"], config_name="test").ema is False
     assert compose(["checkpoint=x.pt", "ema=off"], config_name="test").ema is False
@@ -102,7 +112,7 @@ def _run(entry, *args, cwd=None):
     [
         ("train.py", ["experiment=quickstart", "data.val_dir=/x"], "unknown key data.val_dir"),
         ("train.py", ["experiment=cifar10_resnet20_cnn", "optim.lr=fast"], "optim.lr (takes a number)"),
-        ("train.py", ["logger=null"], "logger"),
+        ("train.py", ["logger=null"], "a config group set to null (e.g. logger=null)"),
         ("test.py", [f"checkpoint={ZOO}", "trainer.epochs=abc"], "trainer.epochs (takes an integer)"),
         ("test.py", [f"checkpoint={ZOO}", "data.batch_size=abc"], "data.batch_size (takes an integer)"),
         ("test.py", [f"checkpoint={ZOO}", "data.val_dri=/x"], "unknown key data.val_dri"),

@@ -48,17 +48,23 @@ def _owner(node, path):
     return f"{path}={name}" if isinstance(name, str) else path
 
 
-def check_schema(cfg, path=""):
-    """ConfigError for a key of a structured node that its schema does not declare (e.g. ``+trainer.epoch=1``)."""
+def check_schema(cfg, extra=None, path=""):
+    """ConfigError for a key of a structured node that its schema does not declare (e.g. ``+trainer.epoch=1``).
+
+    ``extra``: {group: further keys it may hold}, e.g. the ``config_keys`` of a task class kept outside the package.
+    """
     declared = _declared(cfg)
+    if declared is not None and extra and path in extra:
+        declared |= set(extra[path])
     for key in cfg.keys():
         full = f"{path}.{key}" if path else str(key)
         if declared is not None and key not in declared:
-            nested = [f"{g}.{k}" for g in declared if isinstance(cfg._get_node(g), DictConfig) for k in cfg[g] or ()]
-            raise ConfigError(unknown_key(full, declared, _owner(cfg, path), nested if not path else ()))
+            groups = [g for g in cfg.keys() if isinstance(cfg._get_node(g), DictConfig)] if not path else []
+            nested = [f"{g}.{k}" for g in groups for k in cfg[g] or ()]  # +epochs=3: trainer.epochs
+            raise ConfigError(unknown_key(full, declared, _owner(cfg, path), nested))
         child = cfg._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
-            check_schema(child, full)
+            check_schema(child, extra, full)
 
 
 TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -88,7 +94,7 @@ def one_line(e):
             return unknown_key(key, valid, _owner(parent, key.rpartition(".")[0]))
         return f"{key}: {cause.msg.splitlines()[0]}"
     if "must be a string or a list" in str(e):  # logger=null: a group the config needs
-        return f"{str(e).split('.')[0]}: give a config group an option, not null (--help lists them)"
+        return "a config group set to null (e.g. logger=null) needs one of its options instead; --help lists them"
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     text = re.sub(r"^In '[^']*': ", "", lines[0] if lines else type(e).__name__)
     return f"{text} (--help lists the groups and their options)"

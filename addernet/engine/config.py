@@ -17,6 +17,7 @@ from ..forward import AMP_DTYPES
 from ..models import model_from_config
 from ..ops import BACKENDS
 from ..optim import check_optim, check_sched
+from ..tasks import task_class
 from .ema import check_ema_decay
 from .trackers import selected
 
@@ -33,7 +34,6 @@ def _groups(cfg, groups, entry):
 def check_eval_config(cfg):
     """The groups evaluation needs: model, data, trainer (device, amp)."""
     _groups(cfg, EVAL_GROUPS, "test")
-    check_schema(cfg)
     for key in ("batch_size", "num_classes", "in_channels"):
         number(cfg.data, key, f"data.{key}", minimum=1, integer=True)
     if cfg.data.get("num_workers") != "auto":
@@ -67,7 +67,7 @@ def check_eval_config(cfg):
 def check_config(cfg):
     """Validate everything training uses, with messages that say which override fixes what."""
     _groups(cfg, TRAIN_GROUPS, "train")
-    check_schema(cfg)
+    check_schema(cfg, {"task": getattr(task_class(cfg.task.get("name")), "config_keys", ())})
     number(cfg.trainer, "epochs", "trainer.epochs", minimum=1, integer=True)
     for key in ("seed", "log_every", "hist_every"):
         number(cfg.trainer, key, f"trainer.{key}", minimum=0 if key == "seed" else 1, integer=True)
