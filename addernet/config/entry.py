@@ -4,7 +4,6 @@ Hydra's own errors (an unknown key, a wrong type, a missing option) are multi-li
 are one line with the closest valid key, exit 2, like every other error of a user's input.
 """
 
-import dataclasses
 import os
 import sys
 
@@ -15,10 +14,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..errors import AdderNetError
 from . import config_dir
-from .schema import ExportConfig, QuantizeConfig, TestConfig, TrainConfig
 from .validate import one_line
 
-ENTRY_SCHEMAS = {"train": TrainConfig, "test": TestConfig, "quantize": QuantizeConfig, "export_onnx": ExportConfig}
 COMPOSITION_ERRORS = (HydraException, OmegaConfBaseException, AdderNetError, ValueError, OSError)
 
 
@@ -50,14 +47,22 @@ def run_entry(prog, config_name, task):
         sys.exit(getattr(e, "exit_code", 2))
 
 
+def entry_groups(entry):
+    """The config groups the defaults list of configs/<entry>.yaml chooses (and of the entry config it extends)."""
+    root, groups = config_dir(), set()
+    for item in OmegaConf.load(os.path.join(root, f"{entry}.yaml")).get("defaults", []):
+        if isinstance(item, str) and os.path.isfile(os.path.join(root, f"{item}.yaml")):
+            groups |= entry_groups(item)
+        elif not isinstance(item, str):
+            groups |= {str(k) for k in item if not str(k).startswith("override ")}
+    return groups
+
+
 def groups_listing(entry):
     """The config groups of configs/<entry>.yaml and their options, one line each (for --help)."""
-    schema = ENTRY_SCHEMAS[entry]
-    root = config_dir()
     lines = []
-    for f in dataclasses.fields(schema):
-        folder = os.path.join(root, f.name)
-        if os.path.isdir(folder):
-            options = sorted(n[:-5] for n in os.listdir(folder) if n.endswith(".yaml") and not n.startswith("_"))
-            lines.append(f"{f.name}: {', '.join(options)}")
+    for group in sorted(entry_groups(entry)):
+        folder = os.path.join(config_dir(), group)
+        options = sorted(n[:-5] for n in os.listdir(folder) if n.endswith(".yaml") and not n.startswith("_"))
+        lines.append(f"{group}: {', '.join(options)}")
     return "\n".join(lines)
