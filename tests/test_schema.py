@@ -161,7 +161,7 @@ def test_a_model_override_that_changes_the_stored_layers_is_refused(tmp_path):
     config = {"model": TORCHVISION, "data": FAKE}
     model = model_from_config(OmegaConf.create(config))
     path = tmp_path / "tv.pt"
-    torch.save({"model": model.state_dict(), "config": config, "epoch": 1}, path)
+    torch.save({"format_version": 1, "model": model.state_dict(), "config": config, "epoch": 1}, path)
     ov = [f"checkpoint={path}", "model.keep_first=false"]
     with pytest.raises(ConfigError, match=r"trained with conv1 as Conv2d, but this model builds it as Adder2d"):
         stored_model(compose(ov, config_name="test"), ov)
