@@ -21,6 +21,8 @@ import pytest
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 
+from addernet.config import register
+
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
 SHARED = REPO.parent / "shared"  # ../shared from the repository root; not part of a user's clone
@@ -225,6 +227,7 @@ class SigtermOn(logging.Handler):
 
 @functools.cache
 def _composed(overrides, config_name):
+    register()  # the schemas the YAML files extend
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         return hydra_compose(config_name=config_name, overrides=list(overrides))
 

@@ -110,7 +110,6 @@ def test_folder_val_dir_defaults_to_root_and_overrides_alone():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("trainer.epochs=abc", "trainer.epochs must be an integer"),
         ("trainer.amp=fp8", "trainer.amp='fp8' is not valid"),
         ("model.layer=mul", "model.layer='mul' is not valid"),
         ("data.batch_size=0", "data.batch_size must be an integer >= 1"),

@@ -111,26 +111,28 @@ def test_effective_config_merges_only_what_the_user_gave():
     }
     # a data.root override moves the stored (already resolved) folders with it; one key changes in model
     ov = ["checkpoint=x.pt", "data.root=/new", "data.batch_size=50", "model.layer=conv"]
-    cfg = compose(["data=cifar10_folder", "data.root=/new", "data.batch_size=50", "model.layer=conv"])
-    eff = effective_config(cfg, stored, ov)
+    eff = effective_config(compose(ov, config_name="test"), stored, ov)
     assert eff.model == {"name": "resnet32", "layer": "conv"}
     assert (eff.data.root, eff.data.train_dir, eff.data.val_dir) == ("/new", "/new/train", "/new/test")
     assert eff.data.batch_size == 50 and eff.data.num_classes == 10
-    # an explicit val_dir is kept as given
-    ov = ["data.root=/new", "data.val_dir=/elsewhere"]
-    eff = effective_config(compose(["data=cifar10_folder", *ov]), stored, ov)  # data= as test.py implies it
+    # an explicit val_dir is kept as given (a key of the stored data option, not of test.yaml's)
+    ov = ["checkpoint=x.pt", "data.root=/new", "data.val_dir=/elsewhere"]
+    eff = effective_config(compose(ov, config_name="test"), stored, ov)
     assert (eff.data.train_dir, eff.data.val_dir) == ("/new/train", "/elsewhere")
     # a group choice replaces the stored group with the composed one
-    ov = ["data=fake", "model=vgg_small"]
-    eff = effective_config(compose(ov), stored, ov)
+    ov = ["checkpoint=x.pt", "data=fake", "model=vgg_small"]
+    eff = effective_config(compose(ov, config_name="test"), stored, ov)
     assert eff.data.name == "fake" and eff.model.name == "vgg_small"
-    # nothing given: the stored groups as they are
-    eff = effective_config(compose([]), stored, [])
-    assert OmegaConf.to_container(eff.data) == stored["data"] and eff.model.name == "resnet32"
-    # keys the checkpoint does not record (options newer than it) come from its own option's config file
-    eff = effective_config(compose(["data=cifar10_folder"]), stored, [])  # data= as test.py implies it
-    assert (eff.data.kind, eff.data.native_size, eff.data.skip_corrupt) == ("folder", 32, False)
+    # a choice equal to the stored one keeps the stored options
+    ov = ["checkpoint=x.pt", "data=cifar10_folder"]
+    eff = effective_config(compose(ov, config_name="test"), stored, ov)
     assert {k: eff.data[k] for k in stored["data"]} == stored["data"]
+    # nothing given: the stored groups; keys the checkpoint does not record (options newer than it) come from
+    # its own option's config file
+    ov = ["checkpoint=x.pt"]
+    eff = effective_config(compose(ov, config_name="test"), stored, ov)
+    assert {k: eff.data[k] for k in stored["data"]} == stored["data"] and eff.model.name == "resnet32"
+    assert (eff.data.kind, eff.data.native_size, eff.data.skip_corrupt) == ("folder", 32, False)
 
 
 @pytest.mark.slow

@@ -14,13 +14,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "addernet"
 
 # lowest first; a module may import its own layer's and lower layers' modules only
 LAYERS = [
-    ("errors", "checks", "registry"),
+    ("errors", "checks", "registry", "config"),
     ("ops",),
     ("models",),
     ("data", "optim", "checkpoint", "distributed", "compile", "forward", "zoo"),
     ("tasks", "quant", "analysis"),
     ("engine",),
     ("tools",),
+    ("train", "test"),  # the entry points (python -m addernet.train / addernet.test)
 ]
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 

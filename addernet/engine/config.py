@@ -4,16 +4,12 @@
 bad value stops with one message naming the key and the fix instead of failing deep inside.
 """
 
-import difflib
-import functools
-import glob
 import math
-import os
 
 import torch
-from omegaconf import OmegaConf
 
 from ..checks import choice, number
+from ..config.validate import check_schema
 from ..data.mix import build_mix
 from ..data.transforms import AUTO_AUGMENT
 from ..errors import ConfigError
@@ -27,8 +23,6 @@ from .trackers import selected
 
 TRAIN_GROUPS = ("model", "data", "optim", "sched", "trainer", "adaptive_lr", "task")
 EVAL_GROUPS = ("model", "data", "trainer")
-HYDRA_KEYS = ("hydra",)
-CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 
 
 def _groups(cfg, groups, entry):
@@ -73,17 +67,7 @@ def check_eval_config(cfg):
 def check_config(cfg):
     """Validate everything training uses, with messages that say which override fixes what."""
     _groups(cfg, TRAIN_GROUPS, "train")
-    for group in TRAIN_GROUPS:
-        check_known_keys(group, cfg[group].keys(), extra=_task_keys(cfg) if group == "task" else ())
-    groups, keys = entry_layout("train") if os.path.isfile(os.path.join(CONFIGS, "train.yaml")) else ((), ())
-    unknown = sorted(set(cfg.keys()) - set(TRAIN_GROUPS) - set(groups) - set(keys))
-    if unknown:  # e.g. +epochs=3, which would land at the top of config.yaml as if it had been used
-        close = [f"{g}.{unknown[0]}" for g in TRAIN_GROUPS if unknown[0] in group_keys(g)]
-        raise ConfigError(
-            f"unknown key {unknown[0]}{f' (did you mean {close[0]}?)' if close else ''}: train.py has "
-            f"no top-level setting of that name, so it would be silently ignored. Settings live in "
-            f"the groups {', '.join(TRAIN_GROUPS)} (e.g. trainer.epochs=3)."
-        )
+    check_schema(cfg, {"task": getattr(task_class(cfg.task.get("name")), "config_keys", ())})
     number(cfg.trainer, "epochs", "trainer.epochs", minimum=1, integer=True)
     for key in ("seed", "log_every", "hist_every"):
         number(cfg.trainer, key, f"trainer.{key}", minimum=0 if key == "seed" else 1, integer=True)
@@ -124,8 +108,6 @@ def check_config(cfg):
             f"micro-batches of fewer than 2 samples (BatchNorm needs 2); use data.batch_size >= "
             f"{2 * accumulate} or a smaller trainer.accumulate."
         )
-    if not isinstance(cfg.trainer.get("compile", False), bool):
-        raise ConfigError(f"trainer.compile must be true or false, got {cfg.trainer.compile!r}.")
     choice(cfg.trainer, "backend", "trainer.backend (or the ADDERNET_BACKEND variable)", tuple(BACKENDS))
 
 
@@ -135,57 +117,6 @@ def device_type(cfg):
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return "cuda" if device.startswith("cuda") else "cpu"
-
-
-@functools.lru_cache(maxsize=None)
-def entry_layout(entry, configs=CONFIGS):
-    """(groups, top-level keys) of configs/<entry>.yaml, following a defaults entry that names another entry."""
-    node = OmegaConf.to_container(OmegaConf.load(os.path.join(configs, f"{entry}.yaml")))
-    groups, keys = set(), {k for k in node if k not in ("defaults", *HYDRA_KEYS)}
-    for item in node.get("defaults", []):
-        if isinstance(item, str):
-            if item != "_self_" and os.path.isfile(os.path.join(configs, f"{item}.yaml")):
-                g, k = entry_layout(item, configs)
-                groups |= g
-                keys |= k
-        elif isinstance(item, dict):
-            for name in item:
-                if not str(name).startswith("override "):
-                    groups.add(str(name))
-    return frozenset(groups), frozenset(keys)
-
-
-@functools.lru_cache(maxsize=None)
-def group_keys(group, configs=CONFIGS):
-    """Every top-level key the files of configs/<group>/ define (the union over the group's options)."""
-    keys = set()
-    for path in glob.glob(os.path.join(configs, group, "*.yaml")):
-        node = OmegaConf.load(path)
-        keys.update(k for k in node.keys() if k != "defaults")
-    return frozenset(keys)
-
-
-def _task_keys(cfg):
-    """The keys the selected task class declares (``config_keys``): a task kept outside configs/task/ has its own."""
-    return tuple(getattr(task_class(cfg.task.get("name")), "config_keys", ()))
-
-
-def check_known_keys(group, keys, configs=CONFIGS, extra=()):
-    """ConfigError for a key no config file of ``group`` defines (e.g. ``+trainer.epoch=1``), listing the valid ones.
-
-    ``extra``: further valid keys (those a selected task class declares in ``config_keys``).
-    """
-    valid = group_keys(group, configs) | set(extra)
-    if not valid:  # no configs/ next to the package (an installed copy): nothing to compare with
-        return
-    unknown = sorted(set(keys) - valid)
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(valid), n=1)
-        hint = f" (did you mean {group}.{close[0]}?)" if close else ""
-        raise ConfigError(
-            f"unknown key {group}.{unknown[0]}{hint}: no configs/{group}/*.yaml defines it, so it would "
-            f"be silently ignored. Valid {group} keys: {', '.join(sorted(valid))}."
-        )
 
 
 def check_stored_model(cfg, stored, source, keys, fix):

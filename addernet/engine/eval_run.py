@@ -11,47 +11,33 @@ import sys
 
 import torch
 import torch.nn as nn
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from .. import distributed as dist
 from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, open_checkpoint, read_checkpoint
-from ..checkpoint.official import is_official, load_official
+from ..checkpoint.official import load_official
+from ..config import config_dir
+from ..config.validate import check_schema, one_line
 from ..data import build_loader, check_classes, take_skipped
-from ..errors import CheckpointError, ConfigError
+from ..errors import ConfigError
 from ..models import model_from_config, model_label
 from ..ops import Adder2d
 from ..quant import inference_model, is_quantized_state, prepare_quantized, quantize_for_eval
-from .config import check_eval_config, check_known_keys, check_stored_model, device_type
+from .config import check_eval_config, check_stored_model, device_type
 from .ema import ema_weights
-from .entry_checks import check_option_keys, check_output_path, check_top_level
 from .evaluate import evaluate
+from .output_path import check_output_path
 from .outputs import json_line
 
 STORED_GROUPS = ("model", "data")  # taken from our checkpoint's config unless overridden
+OFFICIAL_CHOICES = {"model": "resnet20", "data": "cifar10"}  # a checkpoint without a stored config
 RESULT_KEYS = ("top1", "top5", "loss", "n", "images_per_s")
-
-
-def implied_data_choice(argv, configs_dir):
-    """``data=<name>`` of the config stored in the checkpoint named in argv, or None.
-
-    Hydra composes before main() runs, and a ``data.val_dir=...`` override fails to compose when the
-    default data group (cifar10) lacks that key. Composing the checkpoint's own data group makes every
-    override of its keys valid; the caller then treats this choice as not given by the user.
-    """
-    paths = [a.split("=", 1)[1] for a in argv if a.lstrip("+").startswith("checkpoint=")]
-    if not paths or any(a.lstrip("+~").split("=")[0] in ("data", "experiment") for a in argv):
-        return None
-    try:
-        ckpt = load_checkpoint(paths[-1], map_location="cpu")
-    except CheckpointError:
-        return None  # reported when the evaluation reads it
-    stored = ckpt.get("config") if isinstance(ckpt, dict) and not is_official(ckpt) else None
-    name = stored.get("data", {}).get("name") if isinstance(stored, dict) else None
-    if isinstance(name, str) and os.path.isfile(os.path.join(configs_dir, "data", f"{name}.yaml")):
-        return f"data={name}"
-    return None
 
 
 def reroot(node, stored, overridden):
@@ -65,46 +51,84 @@ def reroot(node, stored, overridden):
             node[key] = new + value[len(old) :]
 
 
-def _apply_overrides(node, group, parsed, cfg):
-    """``node`` (a stored group) with the command line's ``group.key=value`` / ``~group.key`` applied."""
-    for o in parsed:
-        if not o.key_or_group.startswith(group + "."):
-            continue
-        sub = OmegaConf.create(node)
-        key = o.key_or_group[len(group) + 1 :]
-        if o.is_delete():
-            parent, _, leaf = key.rpartition(".")
-            target = OmegaConf.select(sub, parent) if parent else sub
-            if target is not None and leaf in target:
-                del target[leaf]
-        else:
-            OmegaConf.update(sub, key, OmegaConf.select(cfg, o.key_or_group), force_add=True)
-        node = OmegaConf.to_container(sub)
-    return node
-
-
-def effective_config(cfg, stored, overrides):
-    """``cfg`` with the model/data groups of the checkpoint's ``stored`` config, except what the user overrode.
-
-    ``overrides`` are the command-line overrides (HydraConfig overrides.task): a group choice
-    (``data=...``, ``model=...``, ``experiment=...``) keeps the composed group; ``group.key=value`` changes one
-    stored key (its value read from the composed cfg, so Hydra's parsing and types apply). A key the checkpoint
-    does not record (an option newer than the checkpoint) comes from the composed group of the same name.
-    """
+def _overridden(overrides):
+    """The dotted keys the command line sets (``data.val_dir=...``, ``~model.include``) and the groups it chooses."""
     parsed = OverridesParser.create().parse_overrides(list(overrides))
-    chosen = {o.key_or_group for o in parsed if "." not in o.key_or_group}
-    if "experiment" in chosen:
-        chosen.update(STORED_GROUPS)
-    overridden = {o.key_or_group for o in parsed}
-    out = OmegaConf.to_container(cfg, resolve=True)
+    return {o.key_or_group for o in parsed}
+
+
+def _compose(config_name, overrides):
+    try:
+        if GlobalHydra.instance().is_initialized():  # inside the entry point's hydra.main
+            return compose(config_name=config_name, overrides=overrides)
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+            return compose(config_name=config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ConfigError(one_line(e)) from None
+
+
+def _layer_kinds(cfg):
+    """{module name: class name} of the modules holding parameters of the model cfg builds (on the meta device)."""
+    with torch.device("meta"):
+        model = model_from_config(cfg)
+    return {n: type(m).__name__ for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
+
+
+def check_stored_layers(cfg, stored, path):
+    """ConfigError when the command line changes the kind of a layer the checkpoint's weights were trained in.
+
+    A model option (model.keep_first=false, model.exclude=...) can turn a convolution into an adder layer of the
+    same weight shape: the weights would load and compute nonsense.
+    """
+    if not isinstance((stored or {}).get("model"), dict) or cfg.model.get("name") != stored["model"].get("name"):
+        return
+    try:
+        before = _layer_kinds(OmegaConf.create({"model": stored["model"], "data": stored.get("data") or cfg.data}))
+    except (ConfigError, TypeError, ValueError):
+        return  # the stored model cannot be rebuilt here: the weights' names and shapes are checked at loading
+    after = _layer_kinds(cfg)
+    changed = [n for n in before if n in after and before[n] != after[n]]
+    if changed:
+        name = changed[0]
+        raise ConfigError(
+            f"{path} was trained with {name} as {before[name]}, but this model builds it as {after[name]} "
+            f"({len(changed)} layer(s) changed by the model.* overrides); drop the override to evaluate the "
+            f"checkpoint as it was trained."
+        )
+
+
+def effective_config(cfg, stored, overrides, config_name="test"):
+    """The config to evaluate a checkpoint with: its stored config as the base, the command line on top.
+
+    For each of the model and data groups: a choice on the command line (``data=...``, or an ``experiment=``
+    that chooses it) different from the stored one replaces the group; otherwise the stored option is composed
+    with the command line's ``group.key=`` overrides, which the schema checks against that option, and every
+    stored key the command line does not set keeps its stored value. ``stored`` None (an official checkpoint):
+    the groups configs/test.yaml would otherwise leave empty are the OFFICIAL_CHOICES.
+    """
+    overridden = _overridden(overrides)
+    base = OmegaConf.to_container(cfg)
+    extra = []
     for group in STORED_GROUPS:
-        if group in chosen or not isinstance(stored.get(group), dict):
+        name = ((stored or {}).get(group) or {}).get("name") if stored is not None else OFFICIAL_CHOICES[group]
+        if base.get(group) is None or "name" not in base[group]:  # the command line chose no option
+            if os.path.isfile(os.path.join(config_dir(), group, f"{name}.yaml")):
+                extra.append(f"{group}={name}")
+    out = _compose(config_name, [*extra, *overrides]) if extra else cfg
+    check_schema(out)  # the command line's group.key= against the option it now applies to
+    out = OmegaConf.to_container(out, resolve=True)
+    for group in STORED_GROUPS:
+        node = (stored or {}).get(group)
+        if not isinstance(node, dict):
             continue
-        base = out[group] if out[group].get("name") == stored[group].get("name") else {}
-        node = _apply_overrides({**base, **stored[group]}, group, parsed, cfg)
-        if group == "data" and "data.root" in overridden:
-            reroot(node, stored[group], overridden)
-        out[group] = node
+        if not isinstance(out.get(group), dict) or "name" not in out[group]:  # no option file: the stored group
+            out[group] = {**node, **(out.get(group) or {})}
+        elif out[group]["name"] == node.get("name"):
+            for key, value in node.items():
+                if key in out[group] and f"{group}.{key}" not in overridden:
+                    out[group][key] = value
+            if group == "data" and "data.root" in overridden:
+                reroot(out[group], node, overridden)
     return OmegaConf.create(out)
 
 
@@ -127,6 +151,7 @@ def _load_model(cfg, path, state, stored, kind):
     check_stored_model(
         cfg, stored, path, ("name", "layer"), "evaluate it with the model it was trained as (drop the model override)"
     )
+    check_stored_layers(cfg, stored, path)
     if stored is None:
         check_bare_layer(cfg, model, path)
     return model
@@ -200,14 +225,6 @@ def check_results_file(results_file, checkpoint=None):
         os.remove(path)
 
 
-def _check_overrides(overrides):
-    """Unknown keys given as overrides of the evaluation's groups (e.g. +data.val_dri=...), listing the valid ones."""
-    for o in OverridesParser.create().parse_overrides(list(overrides)):
-        group, _, key = o.key_or_group.partition(".")
-        if group in ("model", "data", "trainer", "quant") and key and not o.is_delete():
-            check_known_keys(group, [key.split(".")[0]])
-
-
 def stored_model(cfg, overrides, entry="test"):
     """What every entry point that reads a checkpoint does first, with the same checks as test.py.
 
@@ -221,15 +238,13 @@ def stored_model(cfg, overrides, entry="test"):
             f"no checkpoint given: python {entry}.py checkpoint=PATH (a run's checkpoints/best.pt or "
             f"an official ResNet20-AdderNet.pth / ResNet50-AdderNet.pth)"
         )
-    check_top_level(cfg, entry)
-    _check_overrides(overrides)
     path = str(cfg.checkpoint)
-    state, stored, kind, classes = open_checkpoint(path, model_name=cfg.model.name)
-    if cfg.get("ema"):  # test.py ema=true: the exponential moving average of the weights (trainer.ema_decay)
+    state, stored, kind, classes = open_checkpoint(
+        path, model_name=(cfg.get("model") or {}).get("name") or OFFICIAL_CHOICES["model"]
+    )
+    if cfg.ema:  # test.py ema=true: the exponential moving average of the weights (trainer.ema_decay)
         state = ema_weights(load_checkpoint(path, map_location="cpu"), path)
-    if stored is not None:
-        cfg = effective_config(cfg, stored, overrides)
-    check_option_keys(cfg, overrides)
+    cfg = effective_config(cfg, stored, overrides, entry)
     check_eval_config(cfg)
     return _load_model(cfg, path, state, stored, kind), cfg, path, kind, classes
 
@@ -269,7 +284,8 @@ def evaluate_checkpoint(cfg, overrides):
         print(
             f"checkpoint {path} [{kind}]\nmodel {model_label(cfg.model)} | data {cfg.data.name} "
             f"val split ({len(loader.dataset.dataset)} images{f', {where}' if where else ''}) | device {device} x "
-            f"{dist.get_world_size()} | amp {cfg.trainer.amp}",
+            f"{dist.get_world_size()} | amp {cfg.trainer.amp} | weights "
+            f"{'ema (the weight average)' if cfg.ema else 'model'}",
             flush=True,
         )
     bar = tqdm(
@@ -285,7 +301,8 @@ def evaluate_checkpoint(cfg, overrides):
             f"test.py: warning: skipped {skipped} unreadable image(s) (data.skip_corrupt=true); n counts the rest",
             file=sys.stderr,
         )
-    return {**{k: result[k] for k in RESULT_KEYS}, **({"quant": quant} if quant else {})}
+    weights = "ema" if cfg.ema else "model"  # which weights were evaluated (ema=true: the weight average)
+    return {**{k: result[k] for k in RESULT_KEYS}, "weights": weights, **({"quant": quant} if quant else {})}
 
 
 def report(result, results_file):

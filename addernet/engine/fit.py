@@ -63,7 +63,7 @@ def _train(cfg, run_dir):
     check_config(cfg)
     if cfg.trainer.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
-    device = dist.init_distributed(device_type(cfg), float(cfg.trainer.get("dist_timeout", dist.DEFAULT_TIMEOUT_S)))
+    device = dist.init_distributed(device_type(cfg), float(cfg.trainer.dist_timeout))
     if str(cfg.trainer.device).startswith("cuda:") and not dist.is_distributed():
         device = torch.device(str(cfg.trainer.device))
     try:
@@ -80,7 +80,7 @@ def _train(cfg, run_dir):
             if run.lock is not None:
                 run.lock.close()  # releases the run dir
     except Exception as e:
-        peer = dist.peer_failure(e, float(cfg.trainer.get("dist_timeout", dist.DEFAULT_TIMEOUT_S)))
+        peer = dist.peer_failure(e, float(cfg.trainer.dist_timeout))
         if peer is not None:
             raise peer from None
         raise
@@ -133,9 +133,7 @@ class Run:
                     "use trainer.sync_bn=false for CPU runs."
                 )
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        self.model = compile_model(
-            model.to(device=device, memory_format=self.memory_format), bool(cfg.trainer.get("compile", False))
-        )
+        self.model = compile_model(model.to(device=device, memory_format=self.memory_format), cfg.trainer.compile)
         log.info("model %s: %d parameters", model_label(cfg.model), sum(p.numel() for p in model.parameters()))
         self.task = build_task(self.model, cfg)
         self.task.to(device=device, memory_format=self.memory_format)  # its own modules (a teacher, a head)

@@ -55,6 +55,7 @@ def load_quantized(path, runtime="auto"):
         layer=model_cfg.get("layer", "adder"),
         num_classes=int(data_cfg.get("num_classes", 10)),
         in_channels=data_cfg.get("in_channels"),
+        **{k: v for k, v in model_cfg.items() if k not in ("name", "layer")},  # the stored options (arch, exclude)
     )
     model, _ = load_quantized_into(model.eval(), path, ckpt=ckpt)
     return inference_model(model.eval(), runtime)[0]

@@ -12,15 +12,16 @@ file is written atomically (addernet.checkpoint.official.convert_official).
 import argparse
 
 from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from ..checkpoint import FORMAT_VERSION
 from ..checkpoint.official import convert_official
+from ..config import config_dir
+from ..config.validate import one_line
 from ..engine import model_from_config
-from ..engine.config import CONFIGS
-from ..engine.entry_checks import check_argv
-from ..errors import reported
+from ..errors import ConfigError, reported
 from ..models import MODELS
 
 # Default data config per model family (the official files: ResNet-20 on CIFAR-10, ResNet-50 on ImageNet).
@@ -44,9 +45,11 @@ def main(argv=None):
     data = args.data or DATASETS[MODELS[args.model][1]]
     overrides = [f"model={args.model}", f"model.layer={args.layer}", f"data={data}"]
     with reported("convert_official.py", errors=(OmegaConfBaseException,)):
-        check_argv(overrides, "test")  # a data name that is not in configs/data/: one line with the choices
-        with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
-            cfg = compose("test", overrides=overrides)
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+            try:
+                cfg = compose("test", overrides=overrides)
+            except HydraException as e:  # e.g. a data name that is not in configs/data/: the choices
+                raise ConfigError(one_line(e)) from None
         config = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in ("model", "data")}
         out = convert_official(
             args.src,

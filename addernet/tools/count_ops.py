@@ -17,12 +17,10 @@ printed is one JSON object with every figure.
 import json
 import sys
 
-import hydra
 from omegaconf import OmegaConf
 
 from ..analysis import count_model_ops, format_report
-from ..engine.config import CONFIGS
-from ..engine.entry_checks import exit_on_bad_command_line, groups_listing
+from ..config.entry import run_entry
 from ..errors import reported
 from ..models import MODELS, NATIVE_DATA
 
@@ -36,8 +34,7 @@ def native_data(argv):
     return f"data={NATIVE_DATA[MODELS[name][1]][0]}" if name in MODELS and MODELS[name][1] in NATIVE_DATA else None
 
 
-@hydra.main(version_base="1.3", config_path=CONFIGS, config_name="train")
-def main(cfg):
+def task(cfg):
     with reported("count_ops.py", errors=(ValueError,)):
         options = {
             k: v
@@ -52,12 +49,10 @@ def main(cfg):
 
 
 def cli():
-    OmegaConf.register_new_resolver("entry_groups", groups_listing, replace=True)  # --help of configs/train.yaml
-    exit_on_bad_command_line(sys.argv[1:], "train", "count_ops.py", run_dir=False)
     # A read-only tool: write no Hydra run directory (the user's own overrides come later and win).
     native = native_data(sys.argv[1:])
     sys.argv[1:1] = ["hydra.output_subdir=null", "hydra.run.dir=."] + ([native] if native else [])
-    main()
+    run_entry("count_ops.py", "train", task)
 
 
 if __name__ == "__main__":

@@ -8,16 +8,14 @@ pip install -r requirements-extras.txt.
 """
 
 import json
-import sys
 
-import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from ..engine.config import CONFIGS
-from ..engine.entry_checks import check_output_path, exit_on_bad_command_line
+from ..config.entry import run_entry
 from ..engine.eval_run import load_float_model
+from ..engine.output_path import check_output_path
 from ..errors import reported
 from ..quant import quantize_for_eval
 from ..quant.onnx import export_onnx
@@ -34,15 +32,13 @@ def export(cfg, overrides):
     return {"out": str(cfg.out), "opset": int(cfg.opset), "quant": info}
 
 
-@hydra.main(version_base="1.3", config_path=CONFIGS, config_name="export_onnx")
-def main(cfg):
+def task(cfg):
     with reported("export_onnx.py", errors=(OmegaConfBaseException, ValueError, ImportError)):
         print(json.dumps(export(cfg, HydraConfig.get().overrides.task)), flush=True)
 
 
 def cli():
-    exit_on_bad_command_line(sys.argv[1:], "export_onnx", "export_onnx.py", run_dir=False)
-    main()
+    run_entry("export_onnx.py", "export_onnx", task)
 
 
 if __name__ == "__main__":

@@ -9,17 +9,15 @@ with torch.load(weights_only=True). Prints one JSON line.
 """
 
 import json
-import sys
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ..config.entry import run_entry
 from ..engine import ConfigError
-from ..engine.config import CONFIGS
-from ..engine.entry_checks import check_output_path, exit_on_bad_command_line
 from ..engine.eval_run import load_float_model
+from ..engine.output_path import check_output_path
 from ..errors import reported
 from ..quant import quantize_for_eval, save_quantized
 
@@ -38,15 +36,13 @@ def quantize(cfg, overrides):
     return {"out": str(cfg.out), **settings}
 
 
-@hydra.main(version_base="1.3", config_path=CONFIGS, config_name="quantize")
-def main(cfg):
+def task(cfg):
     with reported("quantize.py", errors=(OmegaConfBaseException,)):
         print(json.dumps(quantize(cfg, HydraConfig.get().overrides.task)), flush=True)
 
 
 def cli():
-    exit_on_bad_command_line(sys.argv[1:], "quantize", "quantize.py", run_dir=False)
-    main()
+    run_entry("quantize.py", "quantize", task)
 
 
 if __name__ == "__main__":

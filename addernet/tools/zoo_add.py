@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 
 from .. import zoo
 from ..checkpoint import load_checkpoint, save_checkpoint
-from ..engine.config import CONFIGS
+from ..config import config_dir
 from ..errors import ConfigError, reported
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def preset_differences(stored, preset):
     """``key=run value (preset: value)`` for each setting where the run's stored config differs from
     ``experiment=preset`` composed; keys the run predates (absent from its config) and FREE keys are skipped."""
     try:
-        with initialize_config_dir(config_dir=CONFIGS, version_base="1.3"):
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
             composed = OmegaConf.to_container(compose("train", overrides=[f"experiment={preset}"]), resolve=True)
     except Exception as e:  # Hydra's own "could not find experiment/..." message, in one line
         raise ConfigError(f"--preset {preset}: {str(e).splitlines()[0]}") from None
