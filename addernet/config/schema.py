@@ -40,6 +40,11 @@ class TorchvisionModel(Model):
 
 
 @dataclass
+class LeNetModel(Model):
+    adder_layers: str = "body"  # body: conv2 only (stem and classifier multiplicative) | all: every conv and fc
+
+
+@dataclass
 class ViTModel(Model):
     image_size: int = MISSING  # input size (the data's, ${data.image_size})
     patch_size: int = 4  # must divide the image size
@@ -287,6 +292,7 @@ class ExportConfig(TestConfig):
 SCHEMAS = [
     ("model", "_model", Model, None),
     ("model", "_torchvision", TorchvisionModel, None),
+    ("model", "_lenet", LeNetModel, None),
     ("model", "_vit", ViTModel, None),
     ("data", "_data", Data, None),
     ("data", "_torchvision", TorchvisionData, None),
