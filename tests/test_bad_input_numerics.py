@@ -78,14 +78,14 @@ def test_checkpoint_with_nan_weights_is_refused_naming_the_tensors(tmp_path, fin
     "overrides, message",
     [
         (["optim.nesterov=true", "optim.momentum=0"], r"optim.nesterov=true needs optim.momentum > 0"),
-        (["optim.nesterov=yes"], r"optim.nesterov must be true or false"),
         (["sched=cosine_warmup", "sched.warmup_epochs=5", "trainer.epochs=5"], r"warmup_epochs=5 must be below"),
-        (["sched=cosine_warmup", "sched.warmup_start=2"], r"sched.warmup_start=2 must be in \(0, 1\]"),
-        (["data.std=[0.5,0,0.5]"], r"data.std=\[0.5, 0, 0.5\] must hold finite numbers > 0"),
+        (["sched=cosine_warmup", "sched.warmup_start=2"], r"sched.warmup_start=2.0 must be in \(0, 1\]"),
+        (["data.std=[0.5,0,0.5]"], r"data.std=\[0.5, 0.0, 0.5\] must hold finite numbers > 0"),
         (["trainer.seed=18446744073709551616"], r"trainer.seed=18446744073709551616 is too large"),
     ],
 )
 def test_values_that_would_fail_inside_torch_are_caught_by_the_checks(overrides, message):
+    # the schema types the values (2 -> 2.0); a value of the wrong type is Hydra's to refuse (tests/test_schema.py)
     with pytest.raises(ConfigError, match=message) as e:
         check_config(compose(FAKE + overrides))
     assert "\n" not in str(e.value)
