@@ -14,6 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 from addernet.distributed import env_rank
 from addernet.engine import train
 from addernet.engine.entry_checks import exit_on_bad_command_line, groups_listing
+from addernet.engine.rundir import keep_run_dir_on_failure, with_stored_overrides
 from addernet.engine.sweep import record_failure, sweep_exit_code
 from addernet.errors import AdderNetError, Preempted
 
@@ -41,6 +42,10 @@ def main(cfg):
 
 
 if __name__ == "__main__":
+    sys.argv[1:], stored = with_stored_overrides(sys.argv[1:])
+    if stored:
+        print(f"train.py: resuming with the run dir's recorded overrides: {' '.join(stored)}", file=sys.stderr)
     exit_on_bad_command_line(sys.argv[1:], "train", "train.py")
-    main()
+    with keep_run_dir_on_failure(sys.argv[1:]):
+        main()
     sys.exit(sweep_exit_code())
