@@ -124,7 +124,8 @@ class Run:
 
     def __init__(self, parts, stop):
         self.parts, self.stop = parts, stop
-        self.state, self.pending_rng = dict(parts.start.state), parts.start.rng  # counters
+        start = parts.start.state
+        self.state, self.pending_rng = {**start, "history": list(start["history"])}, parts.start.rng  # counters
         self.sums = parts.start.sums or MetricSums(parts.device)
 
     @property
