@@ -207,18 +207,8 @@ class Run:
         if not start_step:
             self.sums = MetricSums(p.device)
         take_skipped(p.train_loader)
-        s = p.settings
-        settings = LoopSettings(
-            device=p.device,
-            epochs=s.epochs,
-            seed=s.seed,
-            rank=p.rank,
-            world=p.world,
-            memory_format=s.memory_format,
-            log_every=s.log_every,
-            progress=s.progress,
-            last_good=self.last_good(),
-        )
+        shared = {k: getattr(p.settings, k) for k in ("epochs", "seed", "memory_format", "log_every", "progress")}
+        settings = LoopSettings(p.device, rank=p.rank, world=p.world, last_good=self.last_good(), **shared)
         rng, self.pending_rng = self.pending_rng, None
         return train_epoch(
             p.train_loader, p.task, p.stepper, self.sums, epoch, start_step, settings, self.stop, self.preempt, rng
