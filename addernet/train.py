@@ -13,6 +13,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .config.entry import run_entry
 from .distributed import env_rank
 from .engine import train
+from .engine.rundir import keep_run_dir_on_failure, with_stored_overrides
 from .engine.sweep import record_failure, sweep_exit_code
 from .errors import AdderNetError, Preempted
 
@@ -38,7 +39,11 @@ def task(cfg):
 
 
 def main():
-    run_entry("train.py", "train", task)
+    sys.argv[1:], stored = with_stored_overrides(sys.argv[1:])
+    if stored:
+        print(f"train.py: resuming with the run dir's recorded overrides: {' '.join(stored)}", file=sys.stderr)
+    with keep_run_dir_on_failure(sys.argv[1:]):
+        run_entry("train.py", "train", task)
     sys.exit(sweep_exit_code())
 
 

@@ -86,6 +86,20 @@ RUN_FILES = {"config.yaml", "train.log", "metrics.jsonl", "tensorboard", "checkp
 # 2 steps of 8 per epoch on the CPU (trainer.epochs and the rest added by each test)
 TINY_LENET = [*TINY_RUN, "data.train_size=16", "data.val_size=8", "data.batch_size=8", "trainer.device=cpu"]
 
+# a one-block ViT of width 8 on 16x16 FakeData, CPU
+TINY_VIT = [
+    "model=vit",
+    "model.width=8",
+    "model.depth=1",
+    "model.heads=2",
+    "data=fake",
+    "data.image_size=16",
+    "data.train_size=16",
+    "data.val_size=8",
+    "data.batch_size=8",
+    "trainer.device=cpu",
+]
+
 
 def folder_run(root, *extra):
     """Overrides of a one-epoch LeNet-5-BN run on a small cifar10_folder tree (the jpeg_cifar fixture's 4 classes)."""

@@ -22,7 +22,7 @@ from addernet.quant.convert import quantize_model
 from addernet.quant.onnx import onnx_ready
 from addernet.tasks import build_task
 
-from helpers import REPO, compose, f32_sum_bound
+from helpers import REPO, TINY_VIT, compose, f32_sum_bound
 
 BACKENDS = ["fast", "eager"]
 
@@ -361,19 +361,6 @@ def test_quantisation_and_onnx_export_name_the_unsupported_layer():
 
 
 # ---- distillation with model=vit and model=torchvision
-
-TINY_VIT = [
-    "model=vit",
-    "model.width=8",
-    "model.depth=1",
-    "model.heads=2",
-    "data=fake",
-    "data.image_size=16",
-    "data.train_size=16",
-    "data.val_size=8",
-    "data.batch_size=8",
-    "trainer.device=cpu",
-]
 
 
 def _task(overrides):

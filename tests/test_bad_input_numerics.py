@@ -123,7 +123,7 @@ def test_non_finite_buffers_are_not_saved_and_last_good_is_named(tiny_run, monke
     real = fit.Run.end_epoch
 
     def poisoned(self, epoch, record):
-        self.model.bn1.running_var.fill_(float("inf"))
+        self.parts.model.bn1.running_var.fill_(float("inf"))
         return real(self, epoch, record)
 
     monkeypatch.setattr(fit.Run, "end_epoch", poisoned)

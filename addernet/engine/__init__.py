@@ -4,7 +4,9 @@ config.py    validation of the composed config; the device every entry point use
 evaluate.py  evaluation over a sharded loader
 loop.py      one epoch of training steps, with host checks only every trainer.log_every steps
 step.py      one optimizer step: mixing, micro-batches, clipping, the step, the weight average
-fit.py       ``train(cfg, run_dir)``: builds the run, resumes it, runs the epochs, tracks the best
+parts.py     the run's parts built in one phase (checks and resume first, the run dir's writes last), frozen
+fit.py       ``train(cfg, run_dir)``: guards the run dir, builds the parts, runs the epochs, tracks the best
+rundir.py    the run dir's lock; a failed launch leaves it as it was; the run dir alone resumes a run
 resume.py    loop position, RNG states, the SIGTERM flag, restoring from last.pt (returns what the driver applies)
 outputs.py   train.log, metrics.jsonl, TensorBoard events and hparams (rank 0)
 meters.py    exact running sums of loss, accuracy and named loss parts

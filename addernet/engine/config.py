@@ -19,6 +19,7 @@ from ..ops import BACKENDS
 from ..optim import check_optim, check_sched
 from ..tasks import task_class
 from .ema import check_ema_decay
+from .precise_bn import check_precise_bn
 from .trackers import selected
 
 TRAIN_GROUPS = ("model", "data", "optim", "sched", "trainer", "adaptive_lr", "task")
@@ -100,7 +101,7 @@ def check_config(cfg):
             f"data.on_device=true implements the crop and flip of data.transform only, not "
             f"{' '.join(augment)}; use data.on_device=false (the DataLoader path) for that augmentation."
         )
-    number(cfg.trainer, "precise_bn", "trainer.precise_bn (training batches; 0: off)", integer=True)
+    check_precise_bn(cfg.trainer.get("precise_bn"))
     accumulate = number(cfg.trainer, "accumulate", "trainer.accumulate", minimum=1, integer=True)
     if int(cfg.data.batch_size) < 2 * accumulate:
         raise ConfigError(
@@ -139,15 +140,22 @@ def check_stored_model(cfg, stored, source, keys, fix):
 
 
 def check_input_size(cfg):
-    """ConfigError when the model cannot take data.image_size x data.image_size inputs (a shapes-only dry run)."""
-    size, channels = int(cfg.data.image_size), int(cfg.data.in_channels)
+    """ConfigError when the model cannot take data.image_size x data.image_size inputs, or does not give one
+    logit per class for them (a shapes-only dry run)."""
+    size, channels, classes = int(cfg.data.image_size), int(cfg.data.in_channels), int(cfg.data.num_classes)
     with torch.device("meta"):
         model = model_from_config(cfg).eval()
         try:
-            model(torch.empty(2, channels, size, size))
+            out = model(torch.empty(2, channels, size, size))
         except RuntimeError as e:
             raise ConfigError(
                 f"model={cfg.model.name} cannot take {channels}x{size}x{size} inputs "
                 f"(data.image_size={size}): {str(e).splitlines()[0].rstrip('.')}. Use the model's input size "
                 f"(e.g. data.image_size=28 for lenet5_bn) or a model made for this data."
             ) from None
+    if isinstance(out, torch.Tensor) and tuple(out.shape) != (2, classes):
+        raise ConfigError(
+            f"model={cfg.model.name} gives outputs of shape {tuple(out.shape)[1:]} per image for {channels}x{size}x"
+            f"{size} inputs (data.image_size={size}), not one logit for each of data.num_classes={classes}; "
+            f"use the input size the model is made for or a model made for this data."
+        )

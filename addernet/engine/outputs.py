@@ -16,6 +16,8 @@ import math
 import os
 import sys
 
+from omegaconf import OmegaConf
+
 from ..ops import ADDER_MODULES
 
 RECORD_SCALARS = (
@@ -71,13 +73,21 @@ def json_line(record):
     return json.dumps(finite_or_null(record), allow_nan=False)
 
 
+def _write_atomically(path, text):
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
 def write_facts(run_dir, facts):
     """<run dir>/run.json: what the run was, as built (device, processes, image counts, data placement,
     compilation), for scripts/summarize_runs.py; rewritten by every (resumed) start, atomically."""
-    path = os.path.join(run_dir, "run.json")
-    with open(path + ".tmp", "w") as f:
-        f.write(json_line(facts) + "\n")
-    os.replace(path + ".tmp", path)
+    _write_atomically(os.path.join(run_dir, "run.json"), json_line(facts) + "\n")
+
+
+def write_config(run_dir, cfg):
+    """<run dir>/config.yaml: the resolved config of the run, rewritten atomically by every (resumed) start."""
+    _write_atomically(os.path.join(run_dir, "config.yaml"), OmegaConf.to_yaml(cfg, resolve=True))
 
 
 def extra_keys(record):

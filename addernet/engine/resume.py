@@ -139,31 +139,8 @@ def restore(path, cfg, *, model, task, optimizer, scheduler, scaler, sums, ema, 
     is refused before anything is loaded.
     """
     ckpt = check_training_checkpoint(load_checkpoint(path, map_location=device), path)
-    stored = ckpt["config"]
-    fix = "resume with the run's own settings, or start a fresh run dir (hydra.run.dir=...)"
-    check_stored_model(cfg, stored, path, ("name", "layer"), fix)
-    changes = config_changes(stored, OmegaConf.to_container(cfg, resolve=True))
-    override = bool(cfg.trainer.get("resume_override", False))
-    check_changes(changes, path, override)
-    check_classes(ckpt.get("classes"), train_dataset, f"{path}", fix)
-    load_weights(
-        model,
-        ckpt["model"],
-        source=path,
-        hint=f"(built from model.name={cfg.model.name} model.layer={cfg.model.layer}; resume with the "
-        f"run's own model and data settings, or start a fresh run dir)",
-    )
-    task_state = ckpt.get("task", {})
-    if not isinstance(task_state, dict):
-        raise CheckpointError(
-            f"{path}: its task field must be a dict of state_dicts, found "
-            f"{type(task_state).__name__}; resume from an intact copy or start a fresh run dir."
-        )
-    task.load_extra_state_dicts(task_state, source=path)
-    if ema is not None and ckpt.get("ema"):
-        _load_state(ema, ckpt["ema"], "weight average (trainer.ema_decay)", path)
-    elif ema is not None:
-        log.warning("%s holds no weight average: trainer.ema_decay starts one from the resumed weights", path)
+    changes = _check_config(ckpt, cfg, path, train_dataset)
+    _load_model(ckpt, cfg, path, model, task, ema)
     _check_optimizer_kind(ckpt["optimizer"], optimizer, path)
     settings = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
     _load_state(optimizer, ckpt["optimizer"], "optimizer", path)
@@ -183,7 +160,46 @@ def restore(path, cfg, *, model, task, optimizer, scheduler, scaler, sums, ema, 
     log.info(
         "resumed from %s: %d epoch(s) done%s", path, state["epoch"], f", {step} step(s) into the next" if step else ""
     )
-    applied = changes["allowed"] + (changes["refused"] if override else [])
+    scheduler = _apply_changes(changes, ckpt["config"], cfg, path, state, optimizer, settings, scheduler)
+    return Resumed(state, ckpt["rng"][rank] if step and same_world else None, scheduler)
+
+
+def _check_config(ckpt, cfg, path, train_dataset):
+    """The checkpoint's config against ``cfg`` (resume_policy) and its classes against the data; the changes."""
+    stored, fix = ckpt["config"], "resume with the run's own settings, or start a fresh run dir (hydra.run.dir=...)"
+    check_stored_model(cfg, stored, path, ("name", "layer"), fix)
+    changes = config_changes(stored, OmegaConf.to_container(cfg, resolve=True))
+    changes["override"] = bool(cfg.trainer.get("resume_override", False))
+    check_changes(changes, path, changes["override"])
+    check_classes(ckpt.get("classes"), train_dataset, f"{path}", fix)
+    return changes
+
+
+def _load_model(ckpt, cfg, path, model, task, ema):
+    """The model's, the task's and the weight average's states from the checkpoint."""
+    load_weights(
+        model,
+        ckpt["model"],
+        source=path,
+        hint=f"(built from model.name={cfg.model.name} model.layer={cfg.model.layer}; resume with the "
+        f"run's own model and data settings, or start a fresh run dir)",
+    )
+    task_state = ckpt.get("task", {})
+    if not isinstance(task_state, dict):
+        raise CheckpointError(
+            f"{path}: its task field must be a dict of state_dicts, found "
+            f"{type(task_state).__name__}; resume from an intact copy or start a fresh run dir."
+        )
+    task.load_extra_state_dicts(task_state, source=path)
+    if ema is not None and ckpt.get("ema"):
+        _load_state(ema, ckpt["ema"], "weight average (trainer.ema_decay)", path)
+    elif ema is not None:
+        log.warning("%s holds no weight average: trainer.ema_decay starts one from the resumed weights", path)
+
+
+def _apply_changes(changes, stored, cfg, path, state, optimizer, settings, scheduler):
+    """Apply the allowed setting changes from the resume point on (logged); returns the schedule to continue."""
+    applied = changes["allowed"] + (changes["refused"] if changes["override"] else [])
     if applied:
         log.warning("settings changed on resume, applied from here on: %s", describe(applied))
     if changes["unrecorded"]:
@@ -196,8 +212,8 @@ def restore(path, cfg, *, model, task, optimizer, scheduler, scaler, sums, ema, 
     if any(k.startswith(("optim.", "sched.")) for k in changed):
         for group, mine in zip(optimizer.param_groups, settings):
             group.update(mine)  # optimizer.load_state_dict restored the checkpoint's lr, weight decay, ...
-    if step and "data.batch_size" in changed:
-        old = int(stored["data"]["batch_size"])
+    if state["step"] and "data.batch_size" in changed:
+        old, step = int(stored["data"]["batch_size"]), state["step"]
         state["step"] = step * old // int(cfg.data.batch_size)
         log.warning(
             "data.batch_size changed from %d to %d mid-epoch: the epoch continues after the %d images it "
@@ -209,8 +225,8 @@ def restore(path, cfg, *, model, task, optimizer, scheduler, scaler, sums, ema, 
         )
     planned, epochs = stored.get("trainer", {}).get("epochs", int(cfg.trainer.epochs)), int(cfg.trainer.epochs)
     if planned != epochs or any(k.startswith(("optim.", "sched.")) for k in changed):
-        scheduler = reschedule(cfg, optimizer, scheduler, state["epoch"], planned)
-    return Resumed(state, ckpt["rng"][rank] if step and same_world else None, scheduler)
+        return reschedule(cfg, optimizer, scheduler, state["epoch"], planned)
+    return scheduler
 
 
 def reschedule(cfg, optimizer, scheduler, epoch, planned):

@@ -3,7 +3,7 @@
 Which checkpoint (``choose_resume``, rank 0 decides):
   1. the run dir's own ``checkpoints/last.pt`` when it exists (it wins over trainer.resume, so a
      re-queued job with the same command continues its own later epochs, and the log says so);
-  2. else ``trainer.resume`` when given;
+  2. else ``trainer.resume`` when given (a run dir stands for its ``checkpoints/last.pt``);
   3. else a fresh start, but only in a run dir that holds no history: a dir with ``best.pt`` or a
      non-empty ``metrics.jsonl`` but no ``last.pt`` is refused with the choices (resume from best.pt,
      a fresh dir, or delete those files).
@@ -144,6 +144,8 @@ def choose_resume(resume, run_dir, ckpt_dir):
     """
     own = os.path.abspath(os.path.join(ckpt_dir, "last.pt"))
     given = os.path.abspath(str(resume)) if resume else None
+    if given and os.path.isdir(given):  # a run dir: its latest state
+        given = os.path.join(given, "checkpoints", "last.pt")
     if os.path.isfile(own):
         note = None
         if given and given != own:

@@ -1,4 +1,5 @@
-"""Guards of the run directory: one run at a time, no stale temporaries, every failure in train.log.
+"""Guards of the run directory: one run at a time, no stale temporaries, every failure in train.log, a failed
+launch leaves an existing run dir as it was, and the run dir alone is enough to resume it.
 
 The lock is a kernel file lock (``fcntl.flock``) on ``<run dir>/.lock``, held by rank 0 for the life
 of the run: the kernel drops it when the process exits in any way (kill -9 included), so a crashed
@@ -6,11 +7,15 @@ run never leaves a stale lock behind. The file itself stays (removing it would l
 different files of the same name); it holds the pid of the last run that locked it.
 """
 
+import contextlib
 import fcntl
 import glob
 import os
 import time
 
+from omegaconf import OmegaConf
+
+from ..distributed import env_rank
 from ..errors import ConfigError
 
 LOCK = ".lock"
@@ -109,3 +114,74 @@ def log_failure(run_dir, error):
             f.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}][addernet.train][ERROR] run stopped: {message}\n")
     except OSError:
         pass  # an unwritable run dir was the error itself
+
+
+def _key(override):
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _given(argv, key):
+    """The value of the last ``key=value`` in argv (Hydra's last one wins), or None."""
+    values = [a.split("=", 1)[1] for a in argv if "=" in a and _key(a) == key]
+    return values[-1] if values else None
+
+
+def with_stored_overrides(argv):
+    """(argv, the overrides added): a run dir to resume (``hydra.run.dir=<dir>`` or ``trainer.resume=<dir>``
+    holding checkpoints/last.pt) gets the overrides it was launched with (its .hydra/overrides.yaml) first,
+    so the dir alone resumes it; what argv gives itself wins. Multiruns are left as they are."""
+    if "-m" in argv or "--multirun" in argv:
+        return argv, []
+    for key in ("hydra.run.dir", "trainer.resume"):
+        run_dir = _given(argv, key)
+        stored = os.path.join(run_dir or "", ".hydra", "overrides.yaml")
+        if run_dir and os.path.isfile(os.path.join(run_dir, "checkpoints", "last.pt")) and os.path.isfile(stored):
+            given = {_key(a) for a in argv if "=" in a}
+            added = [str(o) for o in OmegaConf.load(stored) if _key(str(o)) not in given]
+            return added + list(argv), added
+    return argv, []
+
+
+def _snapshot(run_dir):
+    """The state of an existing run's dir a failed launch must leave: config.yaml's identity, .hydra/'s files."""
+    config, hydra = os.path.join(run_dir, "config.yaml"), os.path.join(run_dir, ".hydra")
+    if not os.path.isfile(config):
+        return None
+    stat = os.stat(config)
+    files = {}
+    for name in os.listdir(hydra) if os.path.isdir(hydra) else ():
+        path = os.path.join(hydra, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                files[name] = f.read()
+    return (stat.st_ino, stat.st_mtime_ns, stat.st_size), files
+
+
+def _restore_hydra(run_dir, files):
+    hydra = os.path.join(run_dir, ".hydra")
+    for name in set(os.listdir(hydra) if os.path.isdir(hydra) else ()) - set(files):
+        os.remove(os.path.join(hydra, name))  # a file this launch added
+    os.makedirs(hydra, exist_ok=True)
+    for name, data in files.items():
+        with open(os.path.join(hydra, name + ".tmp"), "wb") as f:
+            f.write(data)
+        os.replace(os.path.join(hydra, name + ".tmp"), os.path.join(hydra, name))
+
+
+@contextlib.contextmanager
+def keep_run_dir_on_failure(argv):
+    """Around a launch: when it fails (an exception or a non-zero exit) before the run wrote its config.yaml,
+    an existing run dir's .hydra/ files (which Hydra rewrites before the run starts) are put back as they were.
+
+    A run that got as far as writing config.yaml has passed every check: its .hydra/ describes it and stays.
+    """
+    run_dir = _given(argv, "hydra.run.dir")
+    saved = _snapshot(run_dir) if run_dir and env_rank() == 0 and os.path.isdir(run_dir) else None
+    try:
+        yield
+    except BaseException as e:
+        if saved is not None and not (isinstance(e, SystemExit) and e.code in (0, None)):
+            stat = os.stat(os.path.join(run_dir, "config.yaml"))
+            if (stat.st_ino, stat.st_mtime_ns, stat.st_size) == saved[0]:
+                _restore_hydra(run_dir, saved[1])
+        raise

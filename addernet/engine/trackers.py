@@ -9,11 +9,13 @@ and the resolved config; a resumed run continues its MLflow run (found by its ru
 """
 
 import hashlib
+import importlib
 import os
 
 from ..errors import ConfigError
 
 TRACKERS = ("tensorboard", "mlflow", "wandb")
+PACKAGES = {"mlflow": ("mlflow", "mlflow-skinny"), "wandb": ("wandb", "wandb")}  # logger: (module, pip package)
 
 
 def selected(cfg):
@@ -29,19 +31,27 @@ def selected(cfg):
     return names
 
 
-def _missing(name, package):
-    return ConfigError(
-        f"logger={name} needs the optional package {package}: pip install {package} (or drop it from logger=)."
-    )
+def _require(name):
+    """The module logger=``name`` needs; ConfigError naming the pip package when it is not installed."""
+    module, package = PACKAGES[name]
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"logger={name} needs the optional package {package}: pip install {package} (or drop it from logger=)."
+        ) from None
+
+
+def require_trackers(cfg):
+    """ConfigError when a tracker cfg.logger selects is not installed (checked before the run dir is written)."""
+    for name in selected(cfg):
+        if name in PACKAGES:
+            _require(name)
 
 
 class MLflowTracker:
     def __init__(self, node, run_dir, config, hparams):
-        try:
-            import mlflow
-        except ImportError:
-            raise _missing("mlflow", "mlflow-skinny") from None
-        self.mlflow = mlflow
+        self.mlflow = mlflow = _require("mlflow")
         uri = node.get("tracking_uri") or "file:" + os.path.join(run_dir, "mlruns")
         if uri.startswith("file:"):  # MLflow >= 3.x asks for this opt-in to keep using a plain file store
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -71,10 +81,7 @@ class MLflowTracker:
 
 class WandbTracker:
     def __init__(self, node, run_dir, config, hparams):
-        try:
-            import wandb
-        except ImportError:
-            raise _missing("wandb", "wandb") from None
+        wandb = _require("wandb")
         run_id = hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:16]
         self.run = wandb.init(
             project=node.get("project") or "addernet",
