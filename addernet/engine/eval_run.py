@@ -293,7 +293,7 @@ def evaluate_checkpoint(cfg, overrides):
     )
     model, quant = quantize_for_eval(model, cfg, device)  # no-op unless quant.bits or a quantised checkpoint
     if quant:  # the integer network on CPU where it applies (docs/quantization.md), else the quantised layers
-        model, quant["runtime"] = inference_model(model, (cfg.get("quant") or {}).get("runtime", "auto"), device)
+        model, quant["runtime"] = inference_model(model, cfg.quant.runtime, device)
     result = evaluate(model, bar, device, amp=cfg.trainer.amp, channels_last=bool(cfg.trainer.channels_last))
     skipped = take_skipped(loader)
     if skipped:

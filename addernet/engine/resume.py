@@ -169,7 +169,7 @@ def _check_config(ckpt, cfg, path, train_dataset):
     stored, fix = ckpt["config"], "resume with the run's own settings, or start a fresh run dir (hydra.run.dir=...)"
     check_stored_model(cfg, stored, path, ("name", "layer"), fix)
     changes = config_changes(stored, OmegaConf.to_container(cfg, resolve=True))
-    changes["override"] = bool(cfg.trainer.get("resume_override", False))
+    changes["override"] = bool(cfg.trainer.resume_override)
     check_changes(changes, path, changes["override"])
     check_classes(ckpt.get("classes"), train_dataset, f"{path}", fix)
     return changes
