@@ -10,6 +10,7 @@ import pytest
 
 from addernet.engine import train
 from addernet.engine.eval_run import evaluate_checkpoint
+from addernet.models import model_label
 
 from helpers import child_env, compose, run_train
 
@@ -42,7 +43,7 @@ def test_train_one_epoch_then_test_reproduces_the_validation(tmp_path, model, la
     train(compose([*MODELS[model], f"model.layer={layer}", *FAST, "trainer.epochs=1"]), str(run))
     (record,) = _metrics(run)
     log = (run / "train.log").read_text()
-    assert f"model {MODELS[model][0].split('=')[1]} ({layer})" in log
+    assert f"model {model_label(compose([*MODELS[model], f'model.layer={layer}']).model)}:" in log
     args = [f"checkpoint={run / 'checkpoints' / 'best.pt'}", "trainer.progress=false"]
     result = evaluate_checkpoint(compose(args, config_name="test"), args)
     # test.py rebuilds the model from the stored config (model.arch / sizes included) and scores what training did

@@ -28,7 +28,7 @@ WRONG_TYPE = {
     "adaptive_lr": ("adaptive_lr.eta=high", "a number"),
     "task": ("task.label_smoothing=some", "a number"),
 }
-ZOO = REPO / "addernet" / "zoo" / "mnist_lenet5_bn_adder.pt"
+ZOO = REPO / "addernet" / "zoo" / "mnist_lenet5_bn_adder_conv2.pt"  # a zoo file the quantiser handles (Adder2d)
 
 
 def _refused(overrides, config_name="train"):
