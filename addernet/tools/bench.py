@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..ops.kernels import build
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,14 +34,11 @@ def busy(load_before, load_after):
 
 
 def cpu_model():
-    """(model name, instruction set: avx512 / avx2 / other) from /proc/cpuinfo; ("unknown", "unknown") elsewhere."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    """(model name, instruction set: avx512 / avx2 / other) of this machine; "unknown" without /proc/cpuinfo."""
+    name, flags = build.cpu_info()
+    if not name and not flags:
         return "unknown", "unknown"
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    return name, "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
+    return name or "?", "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
 
 
 def metadata(threads=None):

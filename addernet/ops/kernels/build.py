@@ -78,14 +78,19 @@ def missing_cpu_flags(isa):
     return [flag for flag in ISAS[isa][1] if flag not in have]
 
 
-def machine(threads):
-    """One line for benchmark output: CPU model, the kernels' instruction set, threads, load average."""
+def cpu_info():
+    """(CPU model name, its flags) from /proc/cpuinfo; ("", set()) where there is none."""
     try:
         with open("/proc/cpuinfo") as f:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
     except OSError:
         model = ""
-    flags = set(_cpu_fingerprint().split(":", 1)[-1].split())
+    return model, set(_cpu_fingerprint().split(":", 1)[-1].split())
+
+
+def machine(threads):
+    """One line for benchmark output: CPU model, the kernels' instruction set, threads, load average."""
+    model, flags = cpu_info()
     simd = " ".join(f for f in ("avx2", "avx512f", "avx512bw", "avx512_vnni", "amx_tile") if f in flags)
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
     return (
