@@ -23,9 +23,10 @@ _ONE, _ZERO = [1, 1], [0, 0]
 
 
 def _as_input(a):
-    """(G, n, d) -> (1, G*d, n, 1): n pixels of G*d channels (one copy)."""
+    """(G, n, d) -> (1, G*d, n, 1): n pixels of G*d channels, channels-last (one copy), so that the kernels read
+    whole pixels, return channels-last scores and can split the groups across threads."""
     g, n, d = a.shape
-    return a.transpose(1, 2).reshape(1, g * d, n, 1)
+    return a.transpose(0, 1).reshape(1, n, 1, g * d).permute(0, 3, 1, 2)
 
 
 def _as_weight(a):
@@ -36,7 +37,7 @@ def _as_weight(a):
 
 def _scores(x, w, groups, n_in, n_w, backend):
     """-sum|x - w| of the grouped 1x1 layout, back as (G, n_in, n_w)."""
-    y = _forward_op(x, w, _ONE, _ZERO, _ONE, groups, backend)  # (1, G*n_w, n_in, 1)
+    y = _forward_op(x, w, _ONE, _ZERO, _ONE, groups, backend)  # (1, G*n_w, n_in, 1), x's memory format
     return y.view(groups, n_w, n_in).transpose(1, 2)
 
 

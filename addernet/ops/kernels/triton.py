@@ -35,7 +35,7 @@ from contextlib import nullcontext as _nullcontext
 
 import torch
 
-from ..conv_args import check_grad_out, check_inputs, out_hw
+from ..conv_args import check_grad_out, check_inputs, out_hw, output_format
 
 try:
     import triton
@@ -344,14 +344,6 @@ def _check_grid(z):
         raise ValueError(f"groups x stride classes = {z} exceeds 65535 programs on grid axis 2; reduce groups")
 
 
-def _memory_format(x):
-    return (
-        torch.channels_last
-        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-        else torch.contiguous_format
-    )
-
-
 def forward(x, w, stride, padding, dilation, groups, config=None):
     """y = -sum |x - w| (no bias), fp32 accumulation, returned in x's dtype and memory format.
 
@@ -361,7 +353,7 @@ def forward(x, w, stride, padding, dilation, groups, config=None):
     O, Cg, KH, KW = w.shape
     Og = O // groups
     Ho, Wo = out_hw(x.shape, w.shape, stride, padding, dilation)
-    y = torch.empty((N, O, Ho, Wo), device=x.device, dtype=x.dtype, memory_format=_memory_format(x))
+    y = torch.empty((N, O, Ho, Wo), device=x.device, dtype=x.dtype, memory_format=output_format(x))
     M = N * Ho * Wo
     if M == 0 or O == 0:
         return y
@@ -389,7 +381,7 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups, config=None):
     O, Cg, KH, KW = w.shape
     Og = O // groups
     Ho, Wo = out_hw(x.shape, w.shape, stride, padding, dilation)
-    dx = torch.empty_like(x, memory_format=_memory_format(x))
+    dx = torch.empty_like(x, memory_format=output_format(x))
     if dx.numel() == 0:
         return dx
     if O == 0 or Ho * Wo == 0:
