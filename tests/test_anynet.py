@@ -78,23 +78,27 @@ def test_adder_linear_float32_matches_float64_at_adder_scale():
     assert ((got - want).abs() / want.abs()).max() < 1e-5
 
 
-@pytest.mark.parametrize("lead", [(3, 11), (1, 33)])
-def test_adder_linear_float32_on_two_threads_within_float32_rounding(lead, monkeypatch):
-    """Output blocks of whole vectors and a tail (37 = 32 + 5 outputs), rows split across two threads (33 rows: one
-    padded row; one image of 33 rows split by pixels), against the float64 closed form within float32 rounding."""
+@pytest.fixture
+def two_threads(monkeypatch):
+    """The C kernels on two threads, with no serial cut-off: the splits across threads run even on small inputs."""
     monkeypatch.setenv("ADDERNET_BACKEND", "fast")
     monkeypatch.setattr(cpu, "SERIAL_WORK", 0)
     old = torch.get_num_threads()
     torch.set_num_threads(2)
-    try:
-        torch.manual_seed(4)
-        x = torch.randn(*lead, 19, requires_grad=True)
-        w = torch.randn(37, 19, requires_grad=True)
-        y = adder_linear(x, w)
-        g = torch.randn_like(y)
-        y.backward(g)
-    finally:
-        torch.set_num_threads(old)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("lead", [(3, 11), (1, 33)])
+def test_adder_linear_float32_on_two_threads_within_float32_rounding(lead, two_threads):
+    """Output blocks of whole vectors and a tail (37 = 32 + 5 outputs), rows split across two threads (33 rows: one
+    padded row; one image of 33 rows split by pixels), against the float64 closed form within float32 rounding."""
+    torch.manual_seed(4)
+    x = torch.randn(*lead, 19, requires_grad=True)
+    w = torch.randn(37, 19, requires_grad=True)
+    y = adder_linear(x, w)
+    g = torch.randn_like(y)
+    y.backward(g)
     want_y, want_dx, want_dw, _ = _closed_linear(x.detach().double(), w.detach().double(), None, g.double())
     g64 = g.double().abs()
     # a formula: each result is a float32 sum whose terms' absolute values sum to the bound's first argument
@@ -134,23 +138,16 @@ def test_l1_scores_forward_and_gradients_equal_closed_form(backend, lead, key_gr
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("lead", [(5,), (3, 3)])  # odd group counts: two threads get unequal shares of the groups
 @pytest.mark.parametrize("key_grad", ["hardtanh", "full"])
-def test_l1_scores_on_two_threads_equal_closed_form(dtype, lead, key_grad, monkeypatch):
+def test_l1_scores_on_two_threads_equal_closed_form(dtype, lead, key_grad, two_threads):
     """The groups (heads) split across two threads in the forward and in both backward kernels; odd sizes (17
     queries, 9 keys, 19 features: vector and pixel-tile tails) against the float64 closed form, float32 within
     its rounding."""
-    monkeypatch.setenv("ADDERNET_BACKEND", "fast")
-    monkeypatch.setattr(cpu, "SERIAL_WORK", 0)
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        torch.manual_seed(6)
-        q = torch.randn(*lead, 17, 19, dtype=dtype, requires_grad=True)
-        k = torch.randn(*lead, 9, 19, dtype=dtype, requires_grad=True)
-        s = l1_scores(q, k, key_grad)
-        g = torch.randn_like(s)
-        s.backward(g)
-    finally:
-        torch.set_num_threads(old)
+    torch.manual_seed(6)
+    q = torch.randn(*lead, 17, 19, dtype=dtype, requires_grad=True)
+    k = torch.randn(*lead, 9, 19, dtype=dtype, requires_grad=True)
+    s = l1_scores(q, k, key_grad)
+    g = torch.randn_like(s)
+    s.backward(g)
     q64, k64, g64 = q.detach().double(), k.detach().double(), g.double()
     want_s, want_dq, want_dk = _closed_scores(q64, k64, g64, key_grad)
     if dtype == torch.float64:  # one rounding order against another: float64 rounding only
