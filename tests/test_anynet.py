@@ -90,23 +90,24 @@ def two_threads(monkeypatch):
 
 
 @pytest.mark.parametrize("lead", [(3, 11), (1, 33)])
-def test_adder_linear_float32_on_two_threads_within_float32_rounding(lead, two_threads):
+@pytest.mark.parametrize("features", [19, 32])  # 32: a multiple of every vector width, the rows used in place
+def test_adder_linear_float32_on_two_threads_within_float32_rounding(lead, features, two_threads):
     """Output blocks of whole vectors and a tail (37 = 32 + 5 outputs), rows split across two threads (33 rows: one
     padded row; one image of 33 rows split by pixels), against the float64 closed form within float32 rounding."""
     torch.manual_seed(4)
-    x = torch.randn(*lead, 19, requires_grad=True)
-    w = torch.randn(37, 19, requires_grad=True)
+    x = torch.randn(*lead, features, requires_grad=True)
+    w = torch.randn(37, features, requires_grad=True)
     y = adder_linear(x, w)
     g = torch.randn_like(y)
     y.backward(g)
     want_y, want_dx, want_dw, _ = _closed_linear(x.detach().double(), w.detach().double(), None, g.double())
     g64 = g.double().abs()
     # a formula: each result is a float32 sum whose terms' absolute values sum to the bound's first argument
-    assert ((y.double() - want_y).abs() <= f32_sum_bound(want_y.abs(), 19)).all()
+    assert ((y.double() - want_y).abs() <= f32_sum_bound(want_y.abs(), features)).all()
     assert ((x.grad.double() - want_dx).abs() <= f32_sum_bound(g64.sum(-1, keepdim=True), 37)).all()
     # the weight gradient is sum g * x - W * sum g (adder2d.grad_weight): terms |g| (|x| + |W|) over the rows
     x64, w64 = x.detach().double().abs(), w.detach().double().abs()
-    dw_abs = (g64.unsqueeze(-1) * (x64.unsqueeze(-2) + w64)).reshape(-1, 37, 19)
+    dw_abs = (g64.unsqueeze(-1) * (x64.unsqueeze(-2) + w64)).reshape(-1, 37, features)
     assert ((w.grad.double() - want_dw).abs() <= f32_sum_bound(dw_abs.sum(0), 2 * dw_abs.shape[0])).all()
 
 
@@ -138,13 +139,14 @@ def test_l1_scores_forward_and_gradients_equal_closed_form(backend, lead, key_gr
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("lead", [(5,), (3, 3)])  # odd group counts: two threads get unequal shares of the groups
 @pytest.mark.parametrize("key_grad", ["hardtanh", "full"])
-def test_l1_scores_on_two_threads_equal_closed_form(dtype, lead, key_grad, two_threads):
+@pytest.mark.parametrize("d", [19, 16])  # 16: a multiple of every vector width, the pixels used in place
+def test_l1_scores_on_two_threads_equal_closed_form(dtype, lead, key_grad, d, two_threads):
     """The groups (heads) split across two threads in the forward and in both backward kernels; odd sizes (17
     queries, 9 keys, 19 features: vector and pixel-tile tails) against the float64 closed form, float32 within
     its rounding."""
     torch.manual_seed(6)
-    q = torch.randn(*lead, 17, 19, dtype=dtype, requires_grad=True)
-    k = torch.randn(*lead, 9, 19, dtype=dtype, requires_grad=True)
+    q = torch.randn(*lead, 17, d, dtype=dtype, requires_grad=True)
+    k = torch.randn(*lead, 9, d, dtype=dtype, requires_grad=True)
     s = l1_scores(q, k, key_grad)
     g = torch.randn_like(s)
     s.backward(g)
@@ -154,9 +156,9 @@ def test_l1_scores_on_two_threads_equal_closed_form(dtype, lead, key_grad, two_t
         for got, want in ((s, want_s), (q.grad, want_dq), (k.grad, want_dk)):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
         return
-    # a formula: float32 sums of 19 (scores), 9 (query gradient) and 17 terms (key gradient) within the float32
+    # a formula: float32 sums of d (scores), 9 (query gradient) and 17 terms (key gradient) within the float32
     # bound of their absolute sums; the full key gradient is sum g * q - k * sum g (adder2d.grad_weight)
-    assert ((s.double() - want_s).abs() <= f32_sum_bound(want_s.abs(), 19)).all()
+    assert ((s.double() - want_s).abs() <= f32_sum_bound(want_s.abs(), d)).all()
     assert ((q.grad.double() - want_dq).abs() <= f32_sum_bound(g64.abs().sum(-1, keepdim=True), 9)).all()
     if key_grad == "hardtanh":
         terms = (q64.unsqueeze(-2) - k64.unsqueeze(-3)).abs().clamp(max=1)
