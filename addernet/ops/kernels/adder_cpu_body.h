@@ -40,6 +40,10 @@ static inline VEC FN(vabs)(VEC v) {
 /* Zero groups g0..g1-1 of the channels-last scratch buf[Hp][Wp][G][Cgp]: a thread's share of it. */
 static void FN(zero_groups)(const int64_t *s, T *buf, int64_t g0, int64_t g1) {
     const int64_t pixels = (s[2] + 2 * s[11]) * (s[3] + 2 * s[12]), Ct = s[4] * s[17];
+    if (g1 - g0 == s[4]) { /* all groups: one contiguous block */
+        memset(buf, 0, sizeof(T) * (size_t)(pixels * Ct));
+        return;
+    }
     for (int64_t q = 0; q < pixels; q++) memset(buf + q * Ct + g0 * s[17], 0, sizeof(T) * (size_t)((g1 - g0) * s[17]));
 }
 
