@@ -6,7 +6,10 @@
  *     cc -O3 -march=native scripts/cpu_peak.c -o /tmp/cpu_peak && /tmp/cpu_peak
  * (6 chains cap the AVX2 fma-only line at 12 of the 16 lanes/cycle two FMA pipes give; 12 chains do not).
  * The "sad" lines are the integer kernel's inner step (adder_int.c): vpsadbw (32 or 64 absolute byte
- * differences summed into 64-bit lanes) and vpaddq into the accumulator, in absolute differences. */
+ * differences summed into 64-bit lanes) and vpaddq into the accumulator, in absolute differences. The
+ * "int8 conv" lines are what an int8 CNN's convolution runs (oneDNN): vpdpbusd with AVX-512 VNNI (64 u8 x s8
+ * products accumulated into 32-bit lanes, one instruction), else vpmaddubsw, vpmaddwd, vpaddd; in
+ * multiply-accumulates, the unit the "sad" lines compare with. */
 #include <immintrin.h>
 #include <stdio.h>
 #include <time.h>
@@ -43,7 +46,29 @@ static double now(){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);
     for (int k = 0; k < K; k++) r += ia[k][0];                                                              \
     printf("%-28s %6.2f G elem/s = %.2f elem/cycle (%lld)\n", "sad: vpsadbw, vpaddq (u8)", N / dt / 1e9,    \
            N / dt / 1e9 / ghz, r);                                                                          \
+    INT8_CONV##W(K);                                                                                        \
   } while (0)
+/* The int8 convolution's step over the same registers (ia, ix, iw), timed as the sad line. */
+#define INT8_TIMED(W, K, label, body)                                                                       \
+  {                                                                                                         \
+    for (int k = 0; k < K; k++) ia[k] = F_(W, _setzero_si##W)();                                            \
+    double t8 = now();                                                                                      \
+    for (long i = 0; i < N / K / (W / 8); i++) {                                                            \
+      __asm__("" : "+x"(iw));                                                                               \
+      _Pragma("GCC unroll 12") for (int k = 0; k < K; k++) ia[k] = body;                                    \
+    }                                                                                                       \
+    double d8 = now() - t8; long long r8 = 0;                                                               \
+    for (int k = 0; k < K; k++) r8 += ia[k][0];                                                             \
+    printf("%-28s %6.2f G elem/s = %.2f elem/cycle (%lld)\n", label, N / d8 / 1e9, N / d8 / 1e9 / ghz, r8); \
+  }
+#define INT8_CONV256(K)                                                                                     \
+  INT8_TIMED(256, K, "int8 conv: maddubs, madd, add",                                                       \
+             _mm256_add_epi32(ia[k], _mm256_madd_epi16(_mm256_maddubs_epi16(ix[k], iw), _mm256_set1_epi16(1))))
+#if defined(__AVX512VNNI__)
+#define INT8_CONV512(K) INT8_TIMED(512, K, "int8 conv: vpdpbusd", _mm512_dpbusd_epi32(ia[k], ix[k], iw))
+#else
+#define INT8_CONV512(K)
+#endif
 #define RUN(W, K, LANES, label, body)                                                                       \
   {                                                                                                         \
     for (int k = 0; k < K; k++) acc[k] = F_(W, _setzero_ps)();                                              \

@@ -45,6 +45,7 @@ def build_task():
     cfg = OmegaConf.create(
         {
             "name": "pkkd",
+            "label_smoothing": 0.0,
             "teacher": "cotrain",
             "teacher_loss": "dml",
             "kernel": True,

@@ -56,7 +56,11 @@ def render():
         "Generated from addernet/config/schema.py by `python -m addernet.config.docs > docs/configuration.md`;",
         "do not edit by hand. Hydra refuses any other key and any value of another type (one line, exit 2).",
         "A YAML option (configs/<group>/<option>.yaml) names its schema first in its defaults list and sets",
-        "its own values; a preset (configs/experiment/) changes values only.",
+        "its own values; a preset (configs/experiment/) changes values only. The rules between keys (ranges,",
+        "trainer.accumulate against each process's share of data.batch_size, trainer.precise_bn against the",
+        "model's BatchNorm layers, trainer.sync_bn on CPU, augmentation with data.on_device, ...) are checked",
+        "once, before anything is built, by addernet.engine.config.check_config, which returns the typed",
+        "Settings a training run reads.",
     ]
     registered = {node for _, _, node, _ in schema.SCHEMAS}
     for group, name, node, _ in schema.SCHEMAS:

@@ -252,8 +252,8 @@ def folder_dataset(data_cfg, split, transform):
             path,
             transform,
             f"{data_cfg.name} {split} set",
-            data_cfg.get("skip_corrupt", False),
-            native=data_cfg.get("native_size"),
+            bool(data_cfg.skip_corrupt),
+            native=data_cfg.native_size,
         )
     except (FileNotFoundError, OSError) as e:
         raise DataError(
@@ -282,7 +282,7 @@ def build_dataset(data_cfg, split):
         )
     ds = DATASET_KINDS[kind](data_cfg, split, build_transform(data_cfg, split))
     if kind != "fake":  # FakeData is built with its size
-        ds = take_subset(ds, data_cfg.get(f"{split}_size"), f"data.{split}_size")
+        ds = take_subset(ds, data_cfg[f"{split}_size"], f"data.{split}_size")
     if len(ds) == 0:
         key = EMPTY_HINT.get(kind, "data.root").format(split=split)
         raise DataError(f"the {data_cfg.name} {split} set is empty (0 images); check {key}.")

@@ -102,7 +102,7 @@ def build_loader(data_cfg, split, dataset=None, *, rank=0, world_size=1, seed=0,
     if dataset is None:
         dataset = build_dataset(data_cfg, split)
     per_rank = _split_batch(data_cfg, world_size, split)
-    if data_cfg.get("on_device", False):
+    if data_cfg.on_device:
         return build_device_loader(
             data_cfg, split, dataset, per_rank=per_rank, rank=rank, world_size=world_size, seed=seed, device=device
         )
@@ -115,7 +115,7 @@ def build_loader(data_cfg, split, dataset=None, *, rank=0, world_size=1, seed=0,
         pin_memory=bool(data_cfg.pin_memory) and torch.cuda.is_available(),  # no-op without a GPU
         generator=torch.Generator().manual_seed(int(seed)),
         worker_init_fn=ignore_stop_signals if workers else None,
-        collate_fn=collate_readable if data_cfg.get("skip_corrupt") else None,
+        collate_fn=collate_readable if data_cfg.skip_corrupt else None,
     )
     if split == "train":
         sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=int(seed))

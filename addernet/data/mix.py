@@ -8,16 +8,14 @@ batch is counted against the dominant label (the larger of the two weights; ``ha
 
 from torchvision.transforms import v2
 
-from ..checks import number
-
 
 def build_mix(data_cfg):
-    """The batch transform ``(images, labels) -> (mixed images, soft targets)``, or None when both alphas are 0."""
-    mixup = number(data_cfg, "mixup_alpha", "data.mixup_alpha (0: off)") if "mixup_alpha" in data_cfg else 0
-    cutmix = number(data_cfg, "cutmix_alpha", "data.cutmix_alpha (0: off)") if "cutmix_alpha" in data_cfg else 0
+    """The batch transform ``(images, labels) -> (mixed images, soft targets)``, or None when both alphas are 0
+    (the alphas are checked with the rest of the training config)."""
+    mixup, cutmix = float(data_cfg.mixup_alpha), float(data_cfg.cutmix_alpha)
     classes = int(data_cfg.num_classes)
-    mixes = ([v2.MixUp(alpha=float(mixup), num_classes=classes)] if mixup else []) + (
-        [v2.CutMix(alpha=float(cutmix), num_classes=classes)] if cutmix else []
+    mixes = ([v2.MixUp(alpha=mixup, num_classes=classes)] if mixup else []) + (
+        [v2.CutMix(alpha=cutmix, num_classes=classes)] if cutmix else []
     )
     if not mixes:
         return None

@@ -23,7 +23,7 @@ AUTO_AUGMENT = ("randaugment", "trivialaugment", "autoaugment")
 
 def auto_augment(data_cfg):
     """The data.auto_augment transform (None when off)."""
-    name = data_cfg.get("auto_augment")
+    name = data_cfg.auto_augment
     if name is None:
         return None
     if name not in AUTO_AUGMENT:
@@ -53,7 +53,7 @@ def build_transform(data_cfg, split):
     else:
         raise DataError(f"unknown data.transform={kind!r}; choose one of {', '.join(TRANSFORMS)}.")
     extra = auto_augment(data_cfg) if train else None
-    erasing = float(data_cfg.get("random_erasing") or 0.0) if train else 0.0
+    erasing = float(data_cfg.random_erasing) if train else 0.0
     if not 0 <= erasing <= 1:
         raise DataError(f"data.random_erasing is the probability of erasing a rectangle, in [0, 1]; got {erasing}.")
     return T.Compose(

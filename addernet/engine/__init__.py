@@ -1,10 +1,10 @@
 """The engine: config checks, the epoch loop, the fit driver, resume state, run outputs, meters, evaluation.
 
-config.py    validation of the composed config; the device every entry point uses
+config.py    check_config: every rule of a training config checked once, returning the typed Settings; the device
 evaluate.py  evaluation over a sharded loader
 loop.py      one epoch of training steps, with host checks only every trainer.log_every steps
 step.py      one optimizer step: mixing, micro-batches, clipping, the step, the weight average
-parts.py     the run's parts built in one phase (checks and resume first, the run dir's writes last), frozen
+parts.py     the run's parts, built in one phase from the checked config (the run dir's writes last), frozen
 fit.py       ``train(cfg, run_dir)``: guards the run dir, builds the parts, runs the epochs, tracks the best
 rundir.py    the run dir's lock; a failed launch leaves it as it was; the run dir alone resumes a run
 resume.py    loop position, RNG states, the SIGTERM flag, restoring from last.pt (returns what the driver applies)

@@ -13,8 +13,8 @@ from ..errors import CheckpointError, ConfigError
 
 
 def check_ema_decay(trainer_cfg):
-    """trainer.ema_decay: null (off) or a number in (0, 1)."""
-    if trainer_cfg.get("ema_decay") is None:
+    """trainer.ema_decay: null (off) or a number in (0, 1); returns it as a float (None: off)."""
+    if trainer_cfg.ema_decay is None:
         return None
     decay = number(trainer_cfg, "ema_decay", "trainer.ema_decay (or null: off)", positive=True)
     if decay >= 1:

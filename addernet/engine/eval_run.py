@@ -262,7 +262,7 @@ def load_float_model(cfg, overrides, allow_quantized=False, entry="quantize"):
 def evaluate_checkpoint(cfg, overrides):
     """Evaluate cfg.checkpoint; returns the result dict (the same on every rank)."""
     if dist.env_rank() == 0 and not OmegaConf.is_missing(cfg, "checkpoint"):
-        check_results_file(cfg.get("results_file"), cfg.checkpoint)
+        check_results_file(cfg.results_file, cfg.checkpoint)
     model, cfg, path, kind, classes = stored_model(cfg, overrides)
     device = dist.init_distributed(device_type(cfg))
     if str(cfg.trainer.device).startswith("cuda:") and not dist.is_distributed():
@@ -270,7 +270,7 @@ def evaluate_checkpoint(cfg, overrides):
     memory_format = torch.channels_last if cfg.trainer.channels_last else torch.contiguous_format
     model = model.to(device=device, memory_format=memory_format)
     data_cfg = cfg.data
-    if device.type != "cuda" and data_cfg.get("pin_memory"):  # pinning needs an accelerator (DataLoader warns)
+    if device.type != "cuda" and data_cfg.pin_memory:  # pinning needs an accelerator (DataLoader warns)
         data_cfg = OmegaConf.merge(data_cfg, {"pin_memory": False})
     loader = build_loader(data_cfg, "val", rank=dist.get_rank(), world_size=dist.get_world_size(), device=device)
     check_classes(

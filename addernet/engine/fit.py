@@ -51,18 +51,18 @@ def train(cfg, run_dir):
 
 
 def _train(cfg, run_dir):
-    check_config(cfg)
-    if cfg.trainer.deterministic:
+    settings = check_config(cfg)
+    if settings.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
-    timeout = float(cfg.trainer.dist_timeout)
+    timeout = settings.dist_timeout
     device = dist.init_distributed(device_type(cfg), timeout)
-    if str(cfg.trainer.device).startswith("cuda:") and not dist.is_distributed():
-        device = torch.device(str(cfg.trainer.device))
+    if settings.device.startswith("cuda:") and not dist.is_distributed():
+        device = torch.device(settings.device)
     try:
         run_dir = _shared_run_dir(run_dir)
         lock, stale = _guard(run_dir)
         try:
-            return _run(cfg, run_dir, device, stale)
+            return _run(cfg, settings, run_dir, device, stale)
         finally:
             if lock is not None:
                 lock.close()  # releases the run dir
@@ -75,7 +75,7 @@ def _train(cfg, run_dir):
         dist.cleanup()
 
 
-def _run(cfg, run_dir, device, stale):
+def _run(cfg, settings, run_dir, device, stale):
     """Build the run and fit it, with the stop signals caught (from the first moment) and train.log open."""
     stop = StopFlag()
     old_handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -83,8 +83,8 @@ def _run(cfg, run_dir, device, stale):
     try:
         if stale:
             log.info("removed %d temporary file(s) of an interrupted write: %s", len(stale), ", ".join(stale))
-        with logging_redirect_tqdm(loggers=[logging.getLogger("addernet")]), use_backend(cfg.trainer.backend):
-            return Run(build(cfg, run_dir, device), stop).fit()
+        with logging_redirect_tqdm(loggers=[logging.getLogger("addernet")]), use_backend(settings.backend):
+            return Run(build(cfg, settings, run_dir, device), stop).fit()
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)

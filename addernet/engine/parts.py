@@ -1,9 +1,10 @@
-"""The parts of a training run, built in one phase: ``build(cfg, run_dir, device)`` returns them frozen.
+"""The parts of a training run, built in one phase: ``build(cfg, settings, run_dir, device)`` returns them frozen.
 
-Everything that can refuse the launch runs first (the resume choice, the model and its output width,
-data, optimizer, the checkpoint restore and its config comparison, the trackers' packages); only then
-are the run dir's files written (config.yaml, run.json, metrics.jsonl, TensorBoard, trackers). So a
-launch that fails leaves an existing run dir's files as they were (docs/reliability.md).
+``settings`` is what ``config.check_config`` returned: every rule of the config is checked there, once, and
+the parts read its typed values. What else can refuse the launch runs first (the resume choice, data, the
+checkpoint restore and its config comparison, the trackers' packages); only then are the run dir's files
+written (config.yaml, run.json, metrics.jsonl, TensorBoard, trackers). So a launch that fails leaves an
+existing run dir's files as they were (docs/reliability.md).
 """
 
 import dataclasses
@@ -19,49 +20,19 @@ from .. import distributed as dist
 from ..compile import compile_model
 from ..data import build_dataset, build_loader, check_classes, class_names, num_workers
 from ..data.mix import build_mix
-from ..errors import ConfigError
 from ..models import model_from_config, model_label
 from ..ops import kernel_in_use
 from ..optim import AdaptiveLR, build_optimizer, build_scheduler
 from ..tasks import build_task
-from .ema import WeightEMA, check_ema_decay
+from .config import Settings
+from .ema import WeightEMA
 from .meters import MetricSums
 from .outputs import RunOutputs, write_config, write_facts
-from .precise_bn import check_precise_bn
 from .resume import fresh_state, restore, resume_path
 from .step import Stepper
 from .trackers import build_trackers, require_trackers, selected
 
 log = logging.getLogger("addernet.train")
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """The trainer values the loop reads, typed once."""
-
-    seed: int
-    epochs: int
-    amp: str
-    memory_format: torch.memory_format
-    channels_last: bool
-    precise_bn: int
-    log_every: int
-    hist_every: int
-    progress: bool
-
-    @classmethod
-    def of(cls, trainer):
-        return cls(
-            seed=int(trainer.seed),
-            epochs=int(trainer.epochs),
-            amp=trainer.amp or "off",
-            memory_format=torch.channels_last if trainer.channels_last else torch.contiguous_format,
-            channels_last=bool(trainer.channels_last),
-            precise_bn=int(trainer.precise_bn),
-            log_every=int(trainer.log_every),
-            hist_every=int(trainer.hist_every),
-            progress=bool(trainer.progress),
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,16 +77,17 @@ class Parts:
         return os.path.join(self.run_dir, "checkpoints")
 
 
-def build(cfg, run_dir, device):
-    """The run's Parts: every check and the resume first, the run dir's writes last (rank 0)."""
+def build(cfg, settings, run_dir, device):
+    """The run's Parts from the checked ``cfg`` and its Settings: the resume first, the run dir's writes last
+    (rank 0)."""
     if cfg.data.num_workers == "auto":  # recorded as the number used (it changes the augmentation stream)
         cfg = OmegaConf.merge(cfg, {"data": {"num_workers": num_workers(cfg.data)}})  # a copy
-    settings, rank, world = Settings.of(cfg.trainer), dist.get_rank(), dist.get_world_size()
-    _seed(cfg.trainer, settings.seed + rank)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    _seed(settings.deterministic, settings.seed + rank)
     kernel = kernel_in_use(device)
     log.info(
         "run dir %s | %d process(es) | device %s | amp %s | adder backend %s (%s kernel)",
-        *(run_dir, world, device, settings.amp, cfg.trainer.backend, kernel),
+        *(run_dir, world, device, settings.amp, settings.backend, kernel),
     )
     path = resume_path(cfg, run_dir, os.path.join(run_dir, "checkpoints"))  # refuses to overwrite a history
     model = _model(cfg, device, settings)
@@ -138,7 +110,7 @@ def build(cfg, run_dir, device):
         classes=classes,
         train_loader=train_loader,
         val_loader=val_loader,
-        **_optimization(cfg, model, task, optimizer, device, settings, world),
+        **_optimization(cfg, model, task, optimizer, device, settings),
     )
     parts["start"], parts["scheduler"] = _start(path, parts)  # refuses a different model, before any write
     if parts["main"]:
@@ -148,27 +120,21 @@ def build(cfg, run_dir, device):
     return Parts(**parts)
 
 
-def _seed(trainer, seed):
-    torch.use_deterministic_algorithms(bool(trainer.deterministic), warn_only=True)
-    torch.backends.cudnn.benchmark = not trainer.deterministic
+def _seed(deterministic, seed):
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    torch.backends.cudnn.benchmark = not deterministic
     torch.manual_seed(seed)
     random.seed(seed)
 
 
 def _model(cfg, device, settings):
-    """The model on ``device`` (SyncBatchNorm, torch.compile as configured); refuses settings it cannot use."""
+    """The model on ``device`` (SyncBatchNorm, torch.compile as configured)."""
     model = model_from_config(cfg)
-    check_precise_bn(settings.precise_bn, model, f"model={cfg.model.name}")
-    if cfg.trainer.sync_bn and dist.is_distributed():
-        if device.type == "cpu":
-            raise ConfigError(
-                "trainer.sync_bn=true needs CUDA (torch's SyncBatchNorm does not run on CPU); "
-                "use trainer.sync_bn=false for CPU runs."
-            )
+    if settings.sync_bn and dist.is_distributed():
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     log.info("model %s: %d parameters", model_label(cfg.model), sum(p.numel() for p in model.parameters()))
     model = model.to(device=device, memory_format=settings.memory_format)
-    return compile_model(model, cfg.trainer.compile)
+    return compile_model(model, settings.compile)
 
 
 def _data(cfg, device, rank, world, seed):
@@ -192,25 +158,18 @@ def _data(cfg, device, rank, world, seed):
     return classes, train_loader, val_loader
 
 
-def _optimization(cfg, model, task, optimizer, device, settings, world):
+def _optimization(cfg, model, task, optimizer, device, settings):
     """Schedule, scaler, adaptive LR, DDP wrapping, weight average and the stepper, as a dict of Parts fields."""
     scheduler = build_scheduler(cfg.sched, optimizer, settings.epochs)
     scaler = torch.amp.GradScaler(device.type, enabled=settings.amp == "fp16")
-    adaptive = AdaptiveLR(model, float(cfg.adaptive_lr.eta)).attach(optimizer) if cfg.adaptive_lr.enabled else None
+    eta = settings.adaptive_eta
+    adaptive = AdaptiveLR(model, eta).attach(optimizer) if eta is not None else None
     if dist.is_distributed():
         ids = [device.index] if device.type == "cuda" else None
         task.distribute(lambda m: nn.parallel.DistributedDataParallel(m, device_ids=ids))
-    accumulate, share = int(cfg.trainer.accumulate), int(cfg.data.batch_size) // world
-    if share < 2 * accumulate:
-        raise ConfigError(
-            f"trainer.accumulate={accumulate} splits each process's batch of {share} into micro-batches "
-            f"of fewer than 2 samples (BatchNorm needs 2); use a larger data.batch_size or a smaller "
-            f"trainer.accumulate."
-        )
-    decay = check_ema_decay(cfg.trainer)
-    ema = WeightEMA(model, decay) if decay is not None else None
+    ema = WeightEMA(model, settings.ema_decay) if settings.ema_decay is not None else None
     mix = build_mix(cfg.data)
-    stepper = Stepper(task, optimizer, scaler, adaptive, accumulate, cfg.trainer.clip_grad_norm, ema, mix)
+    stepper = Stepper(task, optimizer, scaler, adaptive, settings.accumulate, settings.clip_grad_norm, ema, mix)
     return dict(optimizer=optimizer, scheduler=scheduler, scaler=scaler, adaptive=adaptive, ema=ema, stepper=stepper)
 
 
@@ -236,7 +195,7 @@ def _write_outputs(p, kernel):
                 "world_size": p["world"],
                 "train_images": len(p["train_loader"].dataset),
                 "val_images": len(p["val_loader"].dataset.dataset),
-                "data_held_on": str(p["train_loader"].device) if cfg.data.get("on_device") else None,
+                "data_held_on": str(p["train_loader"].device) if cfg.data.on_device else None,
                 "compiled": getattr(p["model"], "_compiled_call_impl", None) is not None,
                 "adder_kernel": kernel,
             },
@@ -260,10 +219,10 @@ def _hparams(p):
         "data": cfg.data.name,
         "task": cfg.task.name,
         "epochs": s.epochs,
-        "batch_size": int(cfg.data.batch_size),
+        "batch_size": s.batch_size,
         "lr": float(cfg.optim.lr),
         "weight_decay": float(cfg.optim.weight_decay),
-        "adaptive_lr": bool(cfg.adaptive_lr.enabled),
+        "adaptive_lr": s.adaptive_eta is not None,
         "eta": float(cfg.adaptive_lr.eta),
         "amp": s.amp,
         "seed": s.seed,

@@ -52,11 +52,11 @@ def require_trackers(cfg):
 class MLflowTracker:
     def __init__(self, node, run_dir, config, hparams):
         self.mlflow = mlflow = _require("mlflow")
-        uri = node.get("tracking_uri") or "file:" + os.path.join(run_dir, "mlruns")
+        uri = node.tracking_uri or "file:" + os.path.join(run_dir, "mlruns")
         if uri.startswith("file:"):  # MLflow >= 3.x asks for this opt-in to keep using a plain file store
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         mlflow.set_tracking_uri(uri)
-        experiment = mlflow.set_experiment(node.get("experiment") or "addernet")
+        experiment = mlflow.set_experiment(node.experiment)
         tag = os.path.abspath(run_dir)
         found = mlflow.search_runs(
             [experiment.experiment_id], filter_string=f"tags.run_dir = '{tag}'", output_format="list"
@@ -84,8 +84,8 @@ class WandbTracker:
         wandb = _require("wandb")
         run_id = hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:16]
         self.run = wandb.init(
-            project=node.get("project") or "addernet",
-            mode=node.get("mode") or "offline",
+            project=node.project,
+            mode=node.mode,
             dir=run_dir,
             id=run_id,
             resume="allow",
@@ -105,4 +105,4 @@ class WandbTracker:
 def build_trackers(cfg, run_dir, config, hparams):
     """The MLflow / W&B trackers selected by cfg.logger (TensorBoard is RunOutputs' own writer)."""
     classes = {"mlflow": MLflowTracker, "wandb": WandbTracker}
-    return [classes[n](cfg.logger[n] or {}, run_dir, config, hparams) for n in selected(cfg) if n in classes]
+    return [classes[n](cfg.logger[n], run_dir, config, hparams) for n in selected(cfg) if n in classes]

@@ -37,16 +37,8 @@ from .reference import adder2d_reference
 
 @functools.lru_cache(maxsize=None)
 def _cpu_kernels():
-    try:
-        cpu.available()
-        return cpu
-    except build.BuildError as e:
-        warnings.warn(
-            f"addernet: fast CPU adder kernel unavailable ({e}); using the slower eager "
-            "PyTorch kernel (install a C compiler or set CC to enable it)",
-            RuntimeWarning,
-        )
-        return eager
+    instead = "using the slower eager PyTorch kernel (install a C compiler or set CC to enable it)"
+    return build.built_or(cpu, eager, "fast CPU adder kernel", instead)
 
 
 @functools.lru_cache(maxsize=None)
@@ -217,7 +209,23 @@ def adder2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)
     return y if bias is None else y + bias.view(1, -1, 1, 1)
 
 
-class Adder2d(nn.Module):
+class AdderParameters(nn.Module):
+    """The parameters every adder layer has: a weight drawn N(0, 1), as in the official AdderNet models, and an
+    optional bias starting at zero (off by default: an adder layer feeds a normalisation layer)."""
+
+    def make_parameters(self, weight_shape, bias, device=None, dtype=None):
+        factory = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(*weight_shape, **factory))
+        self.bias = nn.Parameter(torch.empty(weight_shape[0], **factory)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        nn.init.normal_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+
+class Adder2d(AdderParameters):
     """Drop-in for nn.Conv2d computing Y = -sum|X - W| (+ bias), with the paper's gradients.
 
     The weight is initialised N(0, 1), as in the official AdderNet models; bias (off by default)
@@ -252,15 +260,7 @@ class Adder2d(nn.Module):
         self.padding, self.dilation = padding_arg(padding), _pair(dilation)
         check_args(kernel_size=self.kernel_size, stride=self.stride, padding=self.padding, dilation=self.dilation)
         self.padding_mode = padding_mode
-        factory = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(out_channels, in_channels // groups, *self.kernel_size, **factory))
-        self.bias = nn.Parameter(torch.empty(out_channels, **factory)) if bias else None
-        self.reset_parameters()
-
-    def reset_parameters(self):
-        nn.init.normal_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        self.make_parameters((out_channels, in_channels // groups, *self.kernel_size), bias, device, dtype)
 
     def forward(self, x):
         return adder2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)

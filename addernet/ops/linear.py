@@ -10,10 +10,9 @@ ever materialised.
 """
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
-from .adder2d import adder2d
+from .adder2d import AdderParameters, adder2d
 
 
 def adder_linear(input, weight, bias=None):
@@ -46,7 +45,7 @@ def adder_linear(input, weight, bias=None):
     return y.squeeze(-1).transpose(1, 2).reshape(p * length, out_f)[:m].view(*lead, out_f)
 
 
-class AdderLinear(nn.Module):
+class AdderLinear(AdderParameters):
     """Drop-in for nn.Linear computing y = -sum_i |x_i - W_ji| (+ b_j), with the paper's gradients.
 
     The weight has nn.Linear's shape (out_features, in_features) and, like Adder2d's, starts N(0, 1);
@@ -60,15 +59,7 @@ class AdderLinear(nn.Module):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"AdderLinear {name} must be a positive int, got {v!r}")
         self.in_features, self.out_features = in_features, out_features
-        factory = {"device": device, "dtype": dtype}
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
-        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
-        self.reset_parameters()
-
-    def reset_parameters(self):
-        nn.init.normal_(self.weight)
-        if self.bias is not None:
-            nn.init.zeros_(self.bias)
+        self.make_parameters((out_features, in_features), bias, device, dtype)
 
     def forward(self, x):
         return adder_linear(x, self.weight, self.bias)

@@ -41,10 +41,7 @@ def check_optim(node):
     number(node, "optim", "weight_decay")
     if name == "sgd":
         momentum = number(node, "optim", "momentum")
-        nesterov = node.get("nesterov", False)
-        if not isinstance(nesterov, bool):
-            raise ConfigError(f"optim.nesterov must be true or false, got {nesterov!r}.")
-        if nesterov and momentum == 0:
+        if node.nesterov and momentum == 0:
             raise ConfigError(
                 "optim.nesterov=true needs optim.momentum > 0 (Nesterov momentum without momentum "
                 "is undefined); set optim.momentum=0.9 or optim.nesterov=false."

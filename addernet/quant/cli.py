@@ -75,11 +75,11 @@ def quantize_for_eval(model, cfg, device=None):
     A model already holding quantised layers (loaded from a quantised checkpoint) is returned as is:
     it is not calibrated again; asking for other bits or groups then is an error.
     """
-    q = cfg.get("quant")
-    floor = float(q.get("act_range_floor", 1e-3)) if q is not None else 1e-3
+    q = cfg.quant
+    floor = float(q.act_range_floor)
     stored = quant_summary(model, floor)
     if stored is not None:
-        asked = {k: q.get(k) for k in ("bits", "groups")} if q is not None and q.get("bits") is not None else {}
+        asked = {k: q[k] for k in ("bits", "groups")} if q.bits is not None else {}
         for key, want in asked.items():
             if want != stored[key]:
                 raise ConfigError(
@@ -87,8 +87,8 @@ def quantize_for_eval(model, cfg, device=None):
                     f"{want} was asked; drop the quant.* overrides or pass the float checkpoint."
                 )
         return model, {**stored, "calibrated": "stored in the checkpoint"}
-    if q is None or q.get("bits") is None:
-        if q is not None and q.get("runtime", "auto") != "auto":
+    if q.bits is None:
+        if q.runtime != "auto":
             raise ConfigError(
                 f"quant.runtime={q.runtime} applies to quantised models, and this one is float: set quant.bits "
                 "(e.g. quant.bits=8) or evaluate a quantised checkpoint; drop quant.runtime for the float model."
@@ -98,7 +98,7 @@ def quantize_for_eval(model, cfg, device=None):
     loader = calibration_loader(cfg)
     bn_loader = calibration_loader(cfg, augment=bool(q.bn_augment)) if q.bn_recalib else None
     torch.manual_seed(int(q.seed))  # the augmentation draws from the global RNG (num_workers=0)
-    progress = bool((cfg.get("trainer") or {}).get("progress", True))
+    progress = bool(cfg.trainer.progress)
     quantize_model(model, loader, q, bn_loader, progress=progress)
     info = {**settings(cfg, len(loader.dataset)), "floored_layers": quant_summary(model, floor)["floored_layers"]}
     return model, {**info, "calibrated": "now"}

@@ -17,7 +17,6 @@ A sample holding NaN/inf gives NaN outputs (quantising would clamp it to a finit
 """
 
 import functools
-import warnings
 
 import torch
 import torch.nn as nn
@@ -32,16 +31,8 @@ KERNELS = ("auto", "int", "fake")
 @functools.lru_cache(maxsize=None)
 def _int_kernel():
     """The integer kernel module, or None (with one warning) when it cannot be built."""
-    try:
-        int_cpu.available()
-        return int_cpu
-    except build.BuildError as e:
-        warnings.warn(
-            f"addernet: integer adder kernel unavailable ({e}); quantised layers compute in float "
-            "(the same values up to rounding)",
-            RuntimeWarning,
-        )
-        return None
+    instead = "quantised layers compute in float (the same values up to rounding)"
+    return build.built_or(int_cpu, None, "integer adder kernel", instead)
 
 
 def nan_where_not_finite(x, y):

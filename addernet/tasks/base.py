@@ -139,7 +139,7 @@ class TrainingTask(nn.Module):
     @property
     def label_smoothing(self):
         """task.label_smoothing: applied to the cross-entropy on the labels (0: off)."""
-        return float(self.cfg.get("label_smoothing") or 0.0)
+        return float(self.cfg.label_smoothing)
 
     def extra_state_dicts(self):
         """{name: state_dict} of the extra modules: the checkpoint's ``task`` field."""

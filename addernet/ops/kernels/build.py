@@ -28,6 +28,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
 from ...errors import BuildError, ConfigError
@@ -97,6 +98,17 @@ def machine(threads):
         f"CPU {model or platform.machine()} ({simd or 'no AVX2/AVX-512'}) | kernels ADDERNET_CPU_ISA={cpu_isa()} | "
         f"{threads} threads | load average {load}"
     )
+
+
+def built_or(module, fallback, what, instead):
+    """``module`` when its C kernel builds and loads (``module.available()``), else ``fallback`` after one
+    RuntimeWarning: ``addernet: <what> unavailable (<why>); <instead>``."""
+    try:
+        module.available()
+        return module
+    except BuildError as e:
+        warnings.warn(f"addernet: {what} unavailable ({e}); {instead}", RuntimeWarning)
+        return fallback
 
 
 def load_library(name="adder_cpu", isa=None):

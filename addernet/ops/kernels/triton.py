@@ -32,6 +32,7 @@ import inspect
 import os
 import re
 from contextlib import nullcontext as _nullcontext
+from typing import NamedTuple
 
 import torch
 
@@ -298,16 +299,17 @@ else:
 
 
 def _launch(kernel, tuned, grid_fn, args, meta, config):
-    """Run with `config` = (RM, RN, TM, TN, warps) if given, else autotuned (a fixed small tile
-    under the interpreter, where autotuning would only cost time)."""
-    if config is None and tuned is not None:
-        tuned[grid_fn](*args, **meta)
-        return
-    rm, rn, tm, tn, nw = config or _INTERPRET_CONFIG
-    if tm * tn != 32 * nw or _PAD % (rn * tn):
-        raise ValueError(f"bad tile config {config}: need TM*TN == 32*warps and RN*TN dividing {_PAD}")
-    tile = _tile(rm, rn, tm, tn)
-    kernel[grid_fn(tile)](*args, **meta, **tile, num_warps=nw, num_stages=1)
+    """Run on x's (args[0]'s) device with `config` = (RM, RN, TM, TN, warps) if given, else autotuned (a fixed
+    small tile under the interpreter, where autotuning would only cost time)."""
+    with torch.cuda.device(args[0].device) if args[0].is_cuda else _nullcontext():
+        if config is None and tuned is not None:
+            tuned[grid_fn](*args, **meta)
+            return
+        rm, rn, tm, tn, nw = config or _INTERPRET_CONFIG
+        if tm * tn != 32 * nw or _PAD % (rn * tn):
+            raise ValueError(f"bad tile config {config}: need TM*TN == 32*warps and RN*TN dividing {_PAD}")
+        tile = _tile(rm, rn, tm, tn)
+        kernel[grid_fn(tile)](*args, **meta, **tile, num_warps=nw, num_stages=1)
 
 
 _PAD = 128  # multiple of every tile width in _CONFIGS
@@ -324,9 +326,36 @@ def _pad_last(t):
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _check(x, w, stride, padding, dilation, groups):
+class _Geometry(NamedTuple):
+    N: int
+    H: int
+    W: int
+    Cg: int  # input channels per group
+    Og: int  # output channels per group
+    KH: int
+    KW: int
+    Ho: int
+    Wo: int
+    SH: int
+    SW: int
+    PH: int
+    PW: int
+    DH: int
+    DW: int
+
+    @property
+    def meta(self):
+        """The kernels' compile-time constants."""
+        return {k: getattr(self, k) for k in ("KH", "KW", "SH", "SW", "PH", "PW", "DH", "DW")}
+
+
+def _geometry(x, w, stride, padding, dilation, groups):
+    """The checked inputs' sizes and the convolution's constants, as both kernels take them."""
     check_inputs(x, w, stride, padding, dilation, groups, dtypes=_DTYPES)
     _check_span(x, "x")
+    (N, _, H, W), (O, Cg, KH, KW) = x.shape, w.shape
+    Ho, Wo = out_hw(x.shape, w.shape, stride, padding, dilation)
+    return _Geometry(N, H, W, Cg, O // groups, KH, KW, Ho, Wo, *stride, *padding, *dilation)
 
 
 def _check_span(t, name):
@@ -348,11 +377,9 @@ def forward(x, w, stride, padding, dilation, groups, config=None):
     """y = -sum |x - w| (no bias), fp32 accumulation, returned in x's dtype and memory format.
 
     config: optional tile (RM, RN, TM, TN, warps) overriding the autotuner (tests, benchmarks)."""
-    _check(x, w, stride, padding, dilation, groups)
-    N, C, H, W = x.shape
-    O, Cg, KH, KW = w.shape
-    Og = O // groups
-    Ho, Wo = out_hw(x.shape, w.shape, stride, padding, dilation)
+    g = _geometry(x, w, stride, padding, dilation, groups)
+    N, H, W, Cg, Og, KH, KW, Ho, Wo = g[:9]
+    O = w.shape[0]
     y = torch.empty((N, O, Ho, Wo), device=x.device, dtype=x.dtype, memory_format=output_format(x))
     M = N * Ho * Wo
     if M == 0 or O == 0:
@@ -367,26 +394,21 @@ def forward(x, w, stride, padding, dilation, groups, config=None):
     wt = _pad_last(w.float().reshape(groups, Og, Cg, KH, KW).permute(0, 3, 4, 2, 1))
     grid = lambda m: (triton.cdiv(M, m["RM"] * m["TM"]), triton.cdiv(Og, m["RN"] * m["TN"]), groups)
     args = (x, wt, y, M, H, W, Ho, Wo, Cg, Og, wt.shape[-1], *x.stride(), *y.stride())
-    meta = dict(KH=KH, KW=KW, SH=stride[0], SW=stride[1], PH=padding[0], PW=padding[1], DH=dilation[0], DW=dilation[1])
-    with torch.cuda.device(x.device) if x.is_cuda else _nullcontext():
-        _launch(_fwd_kernel, _fwd, grid, args, meta, config)
+    _launch(_fwd_kernel, _fwd, grid, args, g.meta, config)
     return y
 
 
 def grad_input(x, w, grad_out, stride, padding, dilation, groups, config=None):
     """dL/dx = sum over the outputs each input touches of g * HardTanh(w - x) (Eq. 7); config as in forward."""
-    _check(x, w, stride, padding, dilation, groups)
+    g = _geometry(x, w, stride, padding, dilation, groups)
     check_grad_out(grad_out, x, w, stride, padding, dilation)
-    N, C, H, W = x.shape
-    O, Cg, KH, KW = w.shape
-    Og = O // groups
-    Ho, Wo = out_hw(x.shape, w.shape, stride, padding, dilation)
+    N, H, W, Cg, Og, KH, KW, Ho, Wo, SH, SW = g[:11]
+    O = w.shape[0]
     dx = torch.empty_like(x, memory_format=output_format(x))
     if dx.numel() == 0:
         return dx
     if O == 0 or Ho * Wo == 0:
         return dx.zero_()
-    SH, SW = stride
     Hc, Wc = triton.cdiv(H, SH), triton.cdiv(W, SW)
     if N * Hc * Wc >= 2**31 - 2**12:
         raise ValueError(f"{N * Hc * Wc} input pixels per stride class exceed int32; split the batch")
@@ -414,7 +436,5 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups, config=None):
         *grad_out.stride(),
         *dx.stride(),
     )
-    meta = dict(KH=KH, KW=KW, SH=SH, SW=SW, PH=padding[0], PW=padding[1], DH=dilation[0], DW=dilation[1])
-    with torch.cuda.device(x.device) if x.is_cuda else _nullcontext():
-        _launch(_dgrad_kernel, _dgrad, grid, args, meta, config)
+    _launch(_dgrad_kernel, _dgrad, grid, args, g.meta, config)
     return dx
