@@ -1,15 +1,18 @@
-"""Where the time of one ResNet-20 training step goes, AdderNet vs its CNN twin (torch.profiler).
+"""Where the time of one training step goes, the adder model vs its twin (torch.profiler): ResNet-20 on 3x32x32,
+or the ViT (model=vit: width 64, depth 4, 4 heads, patch 4) on 3x32x32 with --model vit.
 
 Runs warm-up steps, times --steps unprofiled steps (zero_grad, forward, cross-entropy, backward,
 adaptive LR, SGD; process CPU time and wall time), then profiles --steps more, for each twin in its
 own subprocess (so one's allocations cannot slow the other). Prints each category's share of the
 profiled self time, and that share of the step's process CPU time: the adder layers' forward /
 input gradient / weight gradient (the C kernel apart from the weight packing, casts and copies
-around it), convolution, BatchNorm, ReLU, residual adds and gradient accumulation, the adaptive-LR
-hook, the optimizer, everything else. Profiler times are wall time inside each op, so other load
-inflates them; the shares and the 1-thread CPU time are the figures that survive a busy machine.
+around it; in the ViT these are AdderLinear's, and l1_scores has its own rows), convolution,
+BatchNorm, ReLU, residual adds and gradient accumulation, matmuls, LayerNorm, softmax, the
+adaptive-LR hook, the optimizer, everything else (addernet/analysis/profile.py). Profiler times
+are wall time inside each op, so other load inflates them; the shares and the 1-thread CPU time are
+the figures that survive a busy machine.
 
-    python scripts/profile_step.py [--batch 64] [--steps 5] [--threads 1] [--json PATH]
+    python scripts/profile_step.py [--model resnet20|vit] [--batch 64] [--steps 5] [--threads 1] [--json PATH]
 """
 
 import argparse
@@ -20,12 +23,29 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from addernet.analysis.profile import CATEGORIES, category
+from addernet.analysis.profile import CATEGORIES, L1_SCORES, category
 from addernet.errors import reported
 from addernet.tools.bench import describe, load, metadata, run_child
 
+MODELS = {"resnet20": {}, "vit": {"image_size": 32, "width": 64, "depth": 4, "heads": 4, "patch_size": 4}}
 
-def profile(layer, batch, steps, threads):
+
+def _label_l1_scores():
+    """Run the ViT's l1_scores under a profiler label, so that its forward is told apart from AdderLinear's."""
+    from torch.profiler import record_function
+
+    from addernet.models import attention
+
+    scores = attention.l1_scores
+
+    def labelled(*a, **k):
+        with record_function(L1_SCORES):
+            return scores(*a, **k)
+
+    attention.l1_scores = labelled
+
+
+def profile(model_name, layer, batch, steps, threads):
     import torch
     import torch.nn as nn
     from torch.profiler import ProfilerActivity, record_function
@@ -37,7 +57,9 @@ def profile(layer, batch, steps, threads):
     os.environ["ADDERNET_BACKEND"] = "fast"
     torch.manual_seed(0)
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
-    model = build_model("resnet20", layer).train()
+    model = build_model(model_name, layer, **MODELS[model_name]).train()
+    if model_name == "vit":
+        _label_l1_scores()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     if layer == "adder":
         alr = AdaptiveLR(model, 0.2)
@@ -73,6 +95,7 @@ def profile(layer, batch, steps, threads):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=list(MODELS), default="resnet20")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: robust on a busy machine)")
@@ -80,7 +103,7 @@ def main():
     ap.add_argument("--child", choices=("adder", "conv"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(profile(args.child, args.batch, args.steps, args.threads)))
+        print(json.dumps(profile(args.model, args.child, args.batch, args.steps, args.threads)))
         return
     print(f"# {describe(metadata(args.threads))}")
     load_before = load()
@@ -91,6 +114,8 @@ def main():
             __file__,
             "--child",
             layer,
+            "--model",
+            args.model,
             "--batch",
             str(args.batch),
             "--steps",
@@ -101,13 +126,13 @@ def main():
         res[layer] = run_child(cmd, f"profiling the {layer} twin")
     load_after = load()
     print(
-        f"# ResNet-20 step, batch {args.batch}, {args.threads} thread(s), {args.steps} profiled steps; "
+        f"# {args.model} step, batch {args.batch}, {args.threads} thread(s), {args.steps} profiled steps; "
         f"loadavg {load_before[0]:.1f} before, {load_after[0]:.1f} after"
     )
     # profiler times are wall time inside each op, inflated alike by other load; shown as shares of
     # the profiled total and as those shares of the unprofiled step's process CPU time
     tot = {k: sum(v["self_cpu_ms"].values()) for k, v in res.items()}
-    print("| category | AdderNet % | AdderNet ms | CNN % | CNN ms |\n|---|---|---|---|---|")
+    print("| category | adder % | adder ms | twin % | twin ms |\n|---|---|---|---|---|")
     for c in CATEGORIES:
         a, b = (
             res["adder"]["self_cpu_ms"].get(c, 0.0) / tot["adder"],
@@ -121,7 +146,7 @@ def main():
     print(f"| step, process CPU ms | 100 | {res['adder']['cpu_ms']:.1f} | 100 | {res['conv']['cpu_ms']:.1f} |")
     print(f"| step, wall ms (unprofiled) | | {res['adder']['wall_ms']:.1f} | | {res['conv']['wall_ms']:.1f} |")
     print(
-        f"# AdderNet/CNN step ratio: {res['adder']['cpu_ms'] / res['conv']['cpu_ms']:.2f} (process CPU time), "
+        f"# adder/twin step ratio: {res['adder']['cpu_ms'] / res['conv']['cpu_ms']:.2f} (process CPU time), "
         f"{res['adder']['wall_ms'] / res['conv']['wall_ms']:.2f} (wall)"
     )
     if args.json:

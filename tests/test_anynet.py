@@ -17,6 +17,7 @@ from addernet.analysis import count_ops
 from addernet.engine import model_from_config
 from addernet.errors import ConfigError
 from addernet.models import build_model
+from addernet.ops.kernels import cpu
 from addernet.ops.reference import adder2d_reference
 from addernet.quant.convert import quantize_model
 from addernet.quant.onnx import onnx_ready
@@ -42,6 +43,7 @@ def _closed_linear(x, w, b, g):
 @pytest.mark.parametrize("threads", [1, 3])  # 3 threads: the row split pads the rows to a multiple of 3
 def test_adder_linear_forward_and_gradients_equal_closed_form(backend, lead, bias, threads, monkeypatch):
     monkeypatch.setenv("ADDERNET_BACKEND", backend)
+    monkeypatch.setattr(cpu, "SERIAL_WORK", 0)  # the C kernel runs the split even for these few rows
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -76,6 +78,39 @@ def test_adder_linear_float32_matches_float64_at_adder_scale():
     assert ((got - want).abs() / want.abs()).max() < 1e-5
 
 
+@pytest.fixture
+def two_threads(monkeypatch):
+    """The C kernels on two threads, with no serial cut-off: the splits across threads run even on small inputs."""
+    monkeypatch.setenv("ADDERNET_BACKEND", "fast")
+    monkeypatch.setattr(cpu, "SERIAL_WORK", 0)
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("lead", [(3, 11), (1, 33)])
+@pytest.mark.parametrize("features", [19, 32])  # 32: a multiple of every vector width, the rows used in place
+def test_adder_linear_float32_on_two_threads_within_float32_rounding(lead, features, two_threads):
+    """Output blocks of whole vectors and a tail (37 = 32 + 5 outputs), rows split across two threads (33 rows: one
+    padded row; one image of 33 rows split by pixels), against the float64 closed form within float32 rounding."""
+    torch.manual_seed(4)
+    x = torch.randn(*lead, features, requires_grad=True)
+    w = torch.randn(37, features, requires_grad=True)
+    y = adder_linear(x, w)
+    g = torch.randn_like(y)
+    y.backward(g)
+    want_y, want_dx, want_dw, _ = _closed_linear(x.detach().double(), w.detach().double(), None, g.double())
+    g64 = g.double().abs()
+    # a formula: each result is a float32 sum whose terms' absolute values sum to the bound's first argument
+    assert ((y.double() - want_y).abs() <= f32_sum_bound(want_y.abs(), features)).all()
+    assert ((x.grad.double() - want_dx).abs() <= f32_sum_bound(g64.sum(-1, keepdim=True), 37)).all()
+    # the weight gradient is sum g * x - W * sum g (adder2d.grad_weight): terms |g| (|x| + |W|) over the rows
+    x64, w64 = x.detach().double().abs(), w.detach().double().abs()
+    dw_abs = (g64.unsqueeze(-1) * (x64.unsqueeze(-2) + w64)).reshape(-1, 37, features)
+    assert ((w.grad.double() - want_dw).abs() <= f32_sum_bound(dw_abs.sum(0), 2 * dw_abs.shape[0])).all()
+
+
 def _closed_scores(q, k, g, key_grad):
     d = q.unsqueeze(-2) - k.unsqueeze(-3)  # (..., i, j, c) = q_i - k_j
     s = -d.abs().sum(-1)
@@ -99,6 +134,38 @@ def test_l1_scores_forward_and_gradients_equal_closed_form(backend, lead, key_gr
     torch.testing.assert_close(s, want_s, rtol=0, atol=1e-12)
     torch.testing.assert_close(q.grad, want_dq, rtol=0, atol=1e-12)
     torch.testing.assert_close(k.grad, want_dk, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("lead", [(5,), (3, 3)])  # odd group counts: two threads get unequal shares of the groups
+@pytest.mark.parametrize("key_grad", ["hardtanh", "full"])
+@pytest.mark.parametrize("d", [19, 16])  # 16: a multiple of every vector width, the pixels used in place
+def test_l1_scores_on_two_threads_equal_closed_form(dtype, lead, key_grad, d, two_threads):
+    """The groups (heads) split across two threads in the forward and in both backward kernels; odd sizes (17
+    queries, 9 keys, 19 features: vector and pixel-tile tails) against the float64 closed form, float32 within
+    its rounding."""
+    torch.manual_seed(6)
+    q = torch.randn(*lead, 17, d, dtype=dtype, requires_grad=True)
+    k = torch.randn(*lead, 9, d, dtype=dtype, requires_grad=True)
+    s = l1_scores(q, k, key_grad)
+    g = torch.randn_like(s)
+    s.backward(g)
+    q64, k64, g64 = q.detach().double(), k.detach().double(), g.double()
+    want_s, want_dq, want_dk = _closed_scores(q64, k64, g64, key_grad)
+    if dtype == torch.float64:  # one rounding order against another: float64 rounding only
+        for got, want in ((s, want_s), (q.grad, want_dq), (k.grad, want_dk)):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        return
+    # a formula: float32 sums of d (scores), 9 (query gradient) and 17 terms (key gradient) within the float32
+    # bound of their absolute sums; the full key gradient is sum g * q - k * sum g (adder2d.grad_weight)
+    assert ((s.double() - want_s).abs() <= f32_sum_bound(want_s.abs(), d)).all()
+    assert ((q.grad.double() - want_dq).abs() <= f32_sum_bound(g64.abs().sum(-1, keepdim=True), 9)).all()
+    if key_grad == "hardtanh":
+        terms = (q64.unsqueeze(-2) - k64.unsqueeze(-3)).abs().clamp(max=1)
+    else:
+        terms = q64.abs().unsqueeze(-2) + k64.abs().unsqueeze(-3)
+    dk_abs = (g64.abs().unsqueeze(-1) * terms).sum(-3)
+    assert ((k.grad.double() - want_dk).abs() <= f32_sum_bound(dk_abs, 2 * 17)).all()
 
 
 def _reference_attention(m, x):

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from addernet import Adder2d
-from addernet.analysis.profile import CATEGORIES, category
+from addernet import Adder2d, AdderAttention
+from addernet.analysis.profile import CATEGORIES, L1_SCORES, category
 from addernet.ops.reference import adder2d_reference
 from addernet.tools.bench import busy, cpu_model, describe, median_iqr, metadata, ratio_summary, ref_estimate_gb
 
@@ -42,6 +42,42 @@ def test_profile_categories_find_the_adder_kernels(monkeypatch):
         assert cat in seen, (cat, seen)
     assert "aten::convolution_backward" in seen["adder weight-grad"]  # not counted as a convolution
     assert not any("adder" in n for n in seen.get("other", ())), seen["other"]
+
+
+def test_profile_categories_tell_l1_scores_from_adder_linear(monkeypatch):
+    """In adder attention the kernels run for AdderLinear and for l1_scores (labelled as profile_step.py does);
+    each lands in its own rows, and the attention's own ops in theirs."""
+    from addernet.models import attention
+
+    monkeypatch.setenv("ADDERNET_BACKEND", "fast")
+    scores = attention.l1_scores
+
+    def labelled(*a, **k):
+        with torch.profiler.record_function(L1_SCORES):
+            return scores(*a, **k)
+
+    monkeypatch.setattr(attention, "l1_scores", labelled)
+    torch.manual_seed(0)
+    layer = AdderAttention(8, heads=2)
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    layer(x).sum().backward()  # warm-up: kernel build
+    with torch.profiler.profile() as prof:
+        layer(x).sum().backward()
+    seen = {}
+    for ev in prof.events():
+        seen.setdefault(category(ev), set()).add(ev.name)
+    assert set(seen) <= set(CATEGORIES), set(seen) - set(CATEGORIES)
+    assert "addernet::adder2d_forward" in seen["l1_scores forward: kernel"]
+    assert "addernet::adder2d_grad_input" in seen["l1_scores backward: kernel"]
+    assert "addernet::adder2d_grad_input" in seen["adder input-grad: kernel"]  # AdderLinear's
+    for cat in (
+        "adder forward: kernel",
+        "adder weight-grad",
+        "LayerNorm forward",
+        "softmax backward",
+        "matmul (linear, attention)",
+    ):
+        assert cat in seen, (cat, seen)
 
 
 def test_interleaved_ratios_are_per_round_medians():

@@ -51,17 +51,22 @@ def _fwd_bwd(x, w, conf, gy, backend, monkeypatch):
 
 
 # (N, Cin, Cout, H, W, kernel, stride, padding, dilation, groups): channel tails and both output-block
-# widths of every vector length, groups, depthwise, batch 1 (pixels split across threads) and batch 3
+# widths of every vector length, groups, depthwise, batch 1 (pixels split across threads), batch 1 with
+# 3 groups (groups split unevenly across threads) and batch 3
 FLOAT_CASES = [
     (3, 40, 72, 9, 11, (3, 3), 2, 1, 1, 2),
     (1, 6, 5, 7, 6, (3, 1), 1, 2, 2, 1),
     (2, 4, 8, 5, 5, (3, 3), 1, 1, 1, 4),
     (1, 19, 33, 6, 6, (1, 1), 1, 0, 1, 1),
+    (1, 15, 51, 5, 7, (3, 3), 1, 1, 1, 3),
+    (1, 48, 99, 4, 5, (1, 1), 1, 0, 1, 3),
 ]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
-def test_float_kernels_equal_the_float64_reference(isa, dtype, monkeypatch):
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels_last"])
+def test_float_kernels_equal_the_float64_reference(isa, dtype, layout, monkeypatch):
+    """Channels-last inputs give channels-last outputs and input gradients (whole-vector stores in the kernel)."""
     torch.manual_seed(0)
     tol = {"rtol": 1e-11, "atol": 1e-11} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-4}
     for n, cin, cout, h, wd, k, s, p, d, g in FLOAT_CASES:
@@ -70,12 +75,14 @@ def test_float_kernels_equal_the_float64_reference(isa, dtype, monkeypatch):
         conf = (s, p, d, g)
         gy = torch.randn_like(F.conv2d(x, w, None, *conf))
         ref = _fwd_bwd(x, w, conf, gy, "reference", monkeypatch)
-        got = _fwd_bwd(x.to(dtype), w.to(dtype), conf, gy.to(dtype), "fast", monkeypatch)
+        xf, gf = x.to(dtype, memory_format=layout), gy.to(dtype, memory_format=layout)
+        got = _fwd_bwd(xf, w.to(dtype), conf, gf, "fast", monkeypatch)
+        assert got[0].is_contiguous(memory_format=layout) and got[1].is_contiguous(memory_format=layout)
         for name, a, r in zip(("forward", "grad_input", "grad_weight"), got, ref):
             # float32 sums of up to K = 180 terms of magnitude ~1: relative rounding well under 1e-5
             scale = {} if dtype == torch.float64 else {"atol": tol["atol"] * r.abs().max().item()}
             torch.testing.assert_close(
-                a.double(), r, **{**tol, **scale}, msg=lambda m: f"{name} {isa} {n, cin, k}: {m}"
+                a.double(), r, **{**tol, **scale}, msg=lambda m: f"{name} {isa} {n, cin, k} {layout}: {m}"
             )
 
 

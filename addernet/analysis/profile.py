@@ -1,9 +1,17 @@
 """Categories of a training step's time: which profiler event belongs to the adder kernels, BatchNorm, ...
 
-scripts/profile_step.py prints each category's share of a ResNet-20 step, AdderNet against its CNN twin.
+scripts/profile_step.py prints each category's share of a ResNet-20 or ViT step, the adder model against its
+twin. In the ViT the adder convolution's ops are AdderLinear's, apart from those inside ``l1_scores`` (the
+profile script labels its forward L1_SCORES; its backward is autograd's L1ScoresBackward node).
 """
 
+L1_SCORES = "l1_scores"
+
 CATEGORIES = (
+    "l1_scores forward: kernel",
+    "l1_scores forward: layout copies",
+    "l1_scores backward: kernel",
+    "l1_scores backward: layout copies",
     "adder forward: kernel",
     "adder forward: packing/copies",
     "adder input-grad: kernel",
@@ -15,6 +23,13 @@ CATEGORIES = (
     "BatchNorm backward",
     "ReLU forward",
     "ReLU backward",
+    "matmul (linear, attention)",
+    "LayerNorm forward",
+    "LayerNorm backward",
+    "softmax forward",
+    "softmax backward",
+    "GELU",
+    "copies (layout, contiguous)",
     "adds (residual, grad accumulation)",
     "adaptive-LR hook",
     "optimizer (SGD)",
@@ -29,6 +44,13 @@ def category(ev):
         names.append(e.name)
         e = e.cpu_parent
     own = names[0]
+    # inside l1_scores (no autograd wrapper) the forward kernel runs as the op's own event
+    kernel = own in ("addernet::adder2d_forward", "addernet::adder2d_grad_input")
+    for n in names:
+        if n == L1_SCORES:
+            return f"l1_scores forward: {'kernel' if kernel else 'layout copies'}"
+        if n.endswith("L1ScoresBackward"):
+            return f"l1_scores backward: {'kernel' if kernel else 'layout copies'}"
     for i, n in enumerate(names):
         # the custom op's CPU kernel runs as an event named after its autograd wrapper
         if n == "GeneratedBackwardFor_addernet_adder2d_forward_default":
@@ -57,4 +79,14 @@ def category(ev):
         return "ReLU backward"
     if own in ("aten::add", "aten::add_"):
         return "adds (residual, grad accumulation)"
+    if own in ("aten::addmm", "aten::mm", "aten::bmm", "aten::baddbmm"):
+        return "matmul (linear, attention)"
+    if own in ("aten::native_layer_norm", "aten::native_layer_norm_backward"):
+        return "LayerNorm " + ("backward" if own.endswith("backward") else "forward")
+    if own in ("aten::_softmax", "aten::_softmax_backward_data"):
+        return "softmax " + ("backward" if own.endswith("data") else "forward")
+    if own in ("aten::gelu", "aten::gelu_backward"):
+        return "GELU"
+    if own in ("aten::copy_", "aten::clone", "aten::contiguous"):
+        return "copies (layout, contiguous)"
     return "other"

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.utils import _pair
 
-from .conv_args import check_args, check_inputs, compute_dtype, out_hw, padding_arg
+from .conv_args import check_args, check_inputs, compute_dtype, out_hw, output_format, padding_arg
 from .kernels import build, cpu, eager
 from .reference import adder2d_reference
 
@@ -79,12 +79,13 @@ def _forward_op(
     backend: str,
 ) -> torch.Tensor:
     y = _kernels(x.device, backend).forward(x, weight, tuple(stride), tuple(padding), tuple(dilation), groups)
-    return y.to(x.dtype).contiguous()
+    return y.to(x.dtype).contiguous(memory_format=output_format(x))
 
 
 @_forward_op.register_fake
 def _(x, weight, stride, padding, dilation, groups, backend):
-    return x.new_empty((x.shape[0], weight.shape[0], *out_hw(x.shape, weight.shape, stride, padding, dilation)))
+    shape = (x.shape[0], weight.shape[0], *out_hw(x.shape, weight.shape, stride, padding, dilation))
+    return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=output_format(x))
 
 
 @torch.library.custom_op("addernet::adder2d_grad_input", mutates_args=())
@@ -101,21 +102,30 @@ def _grad_input_op(
     gx = _kernels(x.device, backend).grad_input(
         x, weight, grad_out, tuple(stride), tuple(padding), tuple(dilation), groups
     )
-    return gx.to(x.dtype).contiguous()
+    return gx.to(x.dtype).contiguous(memory_format=output_format(x))
 
 
 @_grad_input_op.register_fake
 def _(x, weight, grad_out, stride, padding, dilation, groups, backend):
-    return x.new_empty(x.shape)
+    return torch.empty_like(x, memory_format=output_format(x))
 
 
 def grad_weight(x, weight, grad_out, stride, padding, dilation, groups):
-    """dL/dW = sum g*(X - W) = conv weight-gradient(X, g) - W * sum_{n,y,x} g (fp32 for half inputs)."""
+    """dL/dW = sum g*(X - W) = conv weight-gradient(X, g) - W * sum_{n,y,x} g (fp32 for half inputs).
+    A 1x1 convolution with stride 1 and no padding on a channels-last input or a single image (AdderLinear's
+    rows, l1_scores' keys) is a matrix product per group: its weight gradient is one batched GEMM on views of X
+    and g, where aten's convolution backward would copy both and take its slow path."""
     dt = compute_dtype(x.dtype)
     x, w, g = x.to(dt), weight.to(dt), grad_out.to(dt)
-    gw = torch.ops.aten.convolution_backward(
-        g, x, w, None, list(stride), list(padding), list(dilation), False, [0, 0], groups, [False, True, False]
-    )[1]
+    pointwise = w.shape[2:] == (1, 1) and tuple(stride) == (1, 1) and tuple(padding) == (0, 0)
+    if pointwise and (x.shape[0] == 1 or output_format(x) == torch.channels_last):
+        xm = x.transpose(0, 1).reshape(groups, x.shape[1] // groups, -1)  # (G, Cg, N*H*W)
+        gm = g.transpose(0, 1).reshape(groups, g.shape[1] // groups, -1)  # (G, Og, N*H*W)
+        gw = torch.bmm(gm, xm.transpose(1, 2)).view(w.shape)
+    else:
+        gw = torch.ops.aten.convolution_backward(
+            g, x, w, None, list(stride), list(padding), list(dilation), False, [0, 0], groups, [False, True, False]
+        )[1]
     return (gw - w * g.sum((0, 2, 3)).view(-1, 1, 1, 1)).to(weight.dtype)
 
 

@@ -23,9 +23,10 @@ _ONE, _ZERO = [1, 1], [0, 0]
 
 
 def _as_input(a):
-    """(G, n, d) -> (1, G*d, n, 1): n pixels of G*d channels (one copy)."""
+    """(G, n, d) -> (1, G*d, n, 1): n pixels of G*d channels, channels-last (one copy), so that the kernels read
+    whole pixels, return channels-last scores and can split the groups across threads."""
     g, n, d = a.shape
-    return a.transpose(1, 2).reshape(1, g * d, n, 1)
+    return a.transpose(0, 1).reshape(1, n, 1, g * d).permute(0, 3, 1, 2)
 
 
 def _as_weight(a):
@@ -35,8 +36,9 @@ def _as_weight(a):
 
 
 def _scores(x, w, groups, n_in, n_w, backend):
-    """-sum|x - w| of the grouped 1x1 layout, back as (G, n_in, n_w)."""
-    y = _forward_op(x, w, _ONE, _ZERO, _ONE, groups, backend)  # (1, G*n_w, n_in, 1)
+    """-sum|x - w| of the grouped 1x1 layout, back as (G, n_in, n_w) (a view: for a channels-last x, of the memory
+    layout [n_in][G][n_w]; returned contiguous, which softmax and the product with the values read faster)."""
+    y = _forward_op(x, w, _ONE, _ZERO, _ONE, groups, backend)  # (1, G*n_w, n_in, 1), x's memory format
     return y.view(groups, n_w, n_in).transpose(1, 2)
 
 
@@ -56,7 +58,8 @@ class L1Scores(torch.autograd.Function):
         nk = k.shape[1]
         grad = grad.to(q.dtype)
         gq = gk = None
-        g_qk = grad.transpose(1, 2).reshape(1, groups * nk, nq, 1)  # the output layout of q against k
+        # the output layout of q against k, channels-last: one copy, in rows of nk
+        g_qk = grad.transpose(0, 1).reshape(1, nq, 1, groups * nk).permute(0, 3, 1, 2)
         if ctx.needs_input_grad[0]:
             gx = _grad_input_op(_as_input(q), _as_weight(k), g_qk, _ONE, _ZERO, _ONE, groups, backend)
             gq = gx.view(groups, d, nq).transpose(1, 2)

@@ -1,5 +1,5 @@
 """The adder convolution's argument rules, written once for the module, the reference and every kernel:
-argument normalisation and checks, output size, and the dtype a kernel computes in.
+argument normalisation and checks, output size and memory format, and the dtype a kernel computes in.
 
 Errors are raised before any kernel runs and read like nn.Conv2d's: what was wrong, what to do.
 """
@@ -12,6 +12,13 @@ def compute_dtype(dtype):
     """The dtype kernels compute (accumulate) in: float64 for float64, float32 for everything else
     (float32, float16, bfloat16)."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def output_format(x):
+    """Memory format of an output and an input gradient for input x: channels-last when x is (and is not also
+    plain contiguous), as torch's convolutions decide; contiguous NCHW otherwise."""
+    cl = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+    return torch.channels_last if cl else torch.contiguous_format
 
 
 def out_hw(x_shape, w_shape, stride, padding, dilation):

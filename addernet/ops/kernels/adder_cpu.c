@@ -7,8 +7,8 @@
  *
  * The forward register-blocks P output pixels x V*VL output channels (abs-difference in
  * registers); the input gradient register-blocks P pixels x VL input channels and scatters
- * into the padded per-image buffer (images are independent, so callers may split the batch
- * across threads without races). Both are instantiated for float and double by including
+ * into the padded per-image buffer (images, and groups within an image, are independent, so callers
+ * may split the batch, or one image's groups, across threads without races). Both are instantiated for float and double by including
  * adder_cpu_body.h twice; vector code uses GCC/Clang vector extensions, with AVX-512/AVX
  * min/max/FMA intrinsics when available.
  *

@@ -37,24 +37,42 @@ static inline VEC FN(vabs)(VEC v) {
     return (VEC)((IVEC)v & m);
 }
 
-/* Copy one image (x already offset to it) into zero-padded channels-last scratch
- * buf[Hp][Wp][G][Cgp]; channels Cg..Cgp-1 of each group stay zero. */
-static void FN(pad_image)(const T *x, const int64_t *xs, const int64_t *s, T *buf) {
+/* Zero groups g0..g1-1 of the channels-last scratch buf[Hp][Wp][G][Cgp]: a thread's share of it. */
+static void FN(zero_groups)(const int64_t *s, T *buf, int64_t g0, int64_t g1) {
+    const int64_t pixels = (s[2] + 2 * s[11]) * (s[3] + 2 * s[12]), Ct = s[4] * s[17];
+    if (g1 - g0 == s[4]) { /* all groups: one contiguous block */
+        memset(buf, 0, sizeof(T) * (size_t)(pixels * Ct));
+        return;
+    }
+    for (int64_t q = 0; q < pixels; q++) memset(buf + q * Ct + g0 * s[17], 0, sizeof(T) * (size_t)((g1 - g0) * s[17]));
+}
+
+/* Copy groups g0..g1-1 of one image (x already offset to it) into zero-padded channels-last scratch
+ * buf[Hp][Wp][G][Cgp]; channels Cg..Cgp-1 of those groups are zero, the other groups are not written. */
+static void FN(pad_image)(const T *x, const int64_t *xs, const int64_t *s, T *buf, int64_t g0, int64_t g1) {
     const int64_t H = s[2], W = s[3], G = s[4], Cg = s[5], ph = s[11], pw = s[12], Cgp = s[17];
     const int64_t Wp = W + 2 * pw, Ct = G * Cgp;
-    memset(buf, 0, sizeof(T) * (size_t)((H + 2 * ph) * Wp * Ct));
+    if (ph || pw || Cgp > Cg) FN(zero_groups)(s, buf, g0, g1); /* else the copy writes every element */
     /* transpose in blocks of 16 pixels so that both sides touch few cache lines (a plain
      * channel-major or pixel-major loop thrashes L1 on 4 KiB-strided NCHW planes) */
     for (int64_t h = 0; h < H; h++)
         for (int64_t w0 = 0; w0 < W; w0 += 16) {
             const int64_t w1 = W - w0 < 16 ? W : w0 + 16;
             T *bp = buf + ((h + ph) * Wp + pw) * Ct;
-            for (int64_t g = 0; g < G; g++)
+            for (int64_t g = g0; g < g1; g++)
                 for (int64_t c = 0; c < Cg; c++) {
                     const T *xc = x + (g * Cg + c) * xs[1] + h * xs[2];
                     for (int64_t w = w0; w < w1; w++) bp[w * Ct + g * Cgp + c] = xc[w * xs[3]];
                 }
         }
+}
+
+/* Whether an image with strides ts (in elements) already has the scratch layout [H][W][G][Cgp] (channels-last,
+ * no padding, no channel padding): the kernels then read x, or write gx, in place instead of through a copy. */
+static int FN(is_scratch)(const int64_t *ts, const int64_t *s) {
+    const int64_t Ct = s[4] * s[17];
+    return !s[11] && !s[12] && s[17] == s[5] && ts[1] == 1 && (s[3] == 1 || ts[3] == Ct) &&
+           (s[2] == 1 || ts[2] == s[3] * Ct);
 }
 
 /* Per-pixel offsets, computed once per call: xo[q] into the padded scratch and to[q] into the
@@ -119,34 +137,42 @@ static inline __attribute__((always_inline)) void FN(fwd_tile)(
         }
 }
 
-/* y = -acc for the n valid pixels and the valid channels of this block. */
+/* y = -acc for the n valid pixels and the valid channels of this block: whole vectors when the
+ * output is channels-last (channel stride 1: AdderLinear's rows), else one element at a time. */
 static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *to, T *y,
                                const int64_t *ys, const int64_t *s, int64_t ob) {
     const int64_t no = s[6] - ob < V * VL ? s[6] - ob : V * VL; /* valid channels in this block */
-    for (int64_t k = 0; k < no; k++) {
+    int64_t k0 = 0;
+    if (ys[1] == 1)
+        for (; k0 + VL <= no; k0 += VL)
+            for (int64_t p = 0; p < n; p++) FN(st)(y + ob + k0 + to[p], -acc[p][k0 / VL]);
+    for (int64_t k = k0; k < no; k++) {
         T *yo = y + (ob + k) * ys[1];
         for (int64_t p = 0; p < n; p++) yo[to[p]] = -acc[p][k / VL][k % VL];
     }
 }
 
-/* y[n0:n1, :, pixels q0:q1] = -sum |xpad - w|. wt is the NEGATED weight -w packed per group as blocks of
+/* y[n0:n1, groups g0:g1, pixels q0:q1] = -sum |xpad - w|. wt is the NEGATED weight -w packed per group as blocks of
  * 2*VL output channels (the last block VL wide when Opad is an odd multiple of VL), each block
  * [kh][kw][Cg][block width] and starting at element ob*K of the group (zero in Og..Opad-1);
  * y is written through strides ys. Returns 0, or 1 when scratch memory cannot be allocated. */
 int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const int64_t *ys,
-                      const int64_t *s, int64_t n0, int64_t n1, int64_t q0, int64_t q1) {
+                      const int64_t *s, int64_t n0, int64_t n1, int64_t q0, int64_t q1, int64_t g0,
+                      int64_t g1) {
     const int64_t G = s[4], Cg = s[5], Og = s[6], kh = s[7], kw = s[8], Opad = s[18];
     const int64_t Hp = s[2] + 2 * s[11], Wp = s[3] + 2 * s[12], Ct = G * s[17];
     const int64_t K = kh * kw * Cg, L = s[15] * s[16];
-    T *buf = malloc(sizeof(T) * (size_t)(Hp * Wp * Ct) + 64);
+    const int inplace = FN(is_scratch)(xs, s);
+    T *buf = malloc(sizeof(T) * (size_t)(inplace ? 0 : Hp * Wp * Ct) + 64);
     int64_t *xo = FN(pixel_offsets)(s, ys, FWD_P1);
     if (!buf || !xo) { free(buf); free(xo); return 1; }
     const int64_t *to = xo + L + FWD_P1;
     VEC acc[FWD_P1][2];
     for (int64_t n = n0; n < n1; n++) {
-        FN(pad_image)(x + n * xs[0], xs, s, buf);
-        for (int64_t g = 0; g < G; g++) {
-            const T *wg = wt + g * K * Opad, *bg = buf + g * s[17];
+        const T *img = inplace ? x + n * xs[0] : buf;
+        if (!inplace) FN(pad_image)(x + n * xs[0], xs, s, buf, g0, g1);
+        for (int64_t g = g0; g < g1; g++) {
+            const T *wg = wt + g * K * Opad, *bg = img + g * s[17];
             T *yg = y + n * ys[0] + g * Og * ys[1];
             int64_t ob = 0;
             for (; ob + 2 * VL <= Opad; ob += 2 * VL)
@@ -171,7 +197,7 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
  * The clamp is computed on w - x directly (sub, max, min, fma): the cheaper rewrite
  * clamp(w, x - 1, x + 1) - x cancels against x * sum_o g and loses float32 accuracy. */
 static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, const T *wb,
-                         const T *gt, int64_t Og) {
+                         const T *gt, int64_t gos, int64_t Og) {
     VEC nx[GIN_P], acc[GIN_P];
     const VEC one = (VEC){0} + 1, mone = (VEC){0} - 1, one_h = FN(opaque_one)();
 #pragma GCC unroll 32
@@ -181,52 +207,62 @@ static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, cons
     }
     for (int64_t o = 0; o < Og; o++) {
         const VEC wv = FN(ld)(wb + o * VL);
-        const T *go = gt + o * GIN_P;
+        const T *go = gt + o * gos; /* g[p, o] = go[p]: packed, or the tensor's pixels read in place */
 #pragma GCC unroll 32
         for (int p = 0; p < GIN_P; p++) acc[p] += go[p] * VMIN(VMAX(VSUBN(wv, nx[p], one_h), mone), one);
     }
     for (int64_t p = 0; p < n; p++) FN(st)(gb + off[p], FN(ld)(gb + off[p]) + acc[p]);
 }
 
-/* gx[n0:n1] = input gradient. w2 is the weight packed [G][kh][kw][Cgp/VL][Og][VL] (zero channel
- * padding), so a tile streams one contiguous block of it; g and gx are read / written through
- * strides gs / gxs. Returns 0, or 1 when scratch memory cannot be allocated. */
+/* gx[n0:n1, groups g0:g1] = input gradient (groups own disjoint channels, so group ranges may run in
+ * parallel). w2 is the weight packed [G][kh][kw][Cgp/VL][Og][VL] (zero channel padding), so a tile
+ * streams one contiguous block of it; g and gx are read / written through strides gs / gxs. A tile
+ * of GIN_P consecutive output pixels of g (pixel stride 1: an NCHW row) is read in place, any other
+ * packed first. Returns 0, or 1 when scratch memory cannot be allocated. */
 int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
                          const int64_t *gs, T *gx, const int64_t *gxs, const int64_t *s,
-                         int64_t n0, int64_t n1) {
+                         int64_t n0, int64_t n1, int64_t g0, int64_t g1) {
     const int64_t H = s[2], W = s[3], G = s[4], Cg = s[5], Og = s[6], kh = s[7], kw = s[8];
     const int64_t ph = s[11], pw = s[12], Cgp = s[17];
     const int64_t Hp = H + 2 * ph, Wp = W + 2 * pw, Ct = G * Cgp, L = s[15] * s[16];
     const int64_t di = s[13] * Wp * Ct, dj = s[14] * Ct, wo = kh * kw * Cgp;
     const size_t img = (size_t)(Hp * Wp * Ct);
-    T *buf = malloc(sizeof(T) * (2 * img + (size_t)(Og * GIN_P)) + 64);
+    const int xin = FN(is_scratch)(xs, s), gin = FN(is_scratch)(gxs, s); /* x read, gx written in place */
+    T *buf = malloc(sizeof(T) * ((xin ? 0 : img) + (gin ? 0 : img) + (size_t)(Og * GIN_P)) + 64);
     int64_t *xo = FN(pixel_offsets)(s, gs, GIN_P);
     if (!buf || !xo) { free(buf); free(xo); return 1; }
     const int64_t *go = xo + L + GIN_P;
-    T *gbuf = buf + img, *gt = gbuf + img;
+    T *gbuf = buf + (xin ? 0 : img), *gt = gbuf + (gin ? 0 : img);
     for (int64_t n = n0; n < n1; n++) {
-        FN(pad_image)(x + n * xs[0], xs, s, buf);
-        memset(gbuf, 0, sizeof(T) * img);
-        for (int64_t gr = 0; gr < G; gr++) {
+        const T *xi = xin ? x + n * xs[0] : buf;
+        T *gi = gin ? gx + n * gxs[0] : gbuf;
+        if (!xin) FN(pad_image)(x + n * xs[0], xs, s, buf, g0, g1);
+        FN(zero_groups)(s, gi, g0, g1);
+        for (int64_t gr = g0; gr < g1; gr++) {
             const T *gg = g + n * gs[0] + gr * Og * gs[1];
             for (int64_t q = 0; q < L; q += GIN_P) {
                 const int64_t m = L - q < GIN_P ? L - q : GIN_P;
-                for (int64_t o = 0; o < Og; o++) /* pack g[tile, o]; zero past the tail */
-                    for (int p = 0; p < GIN_P; p++) gt[o * GIN_P + p] = p < m ? gg[o * gs[1] + go[q + p]] : 0;
+                int direct = m == GIN_P;
+                for (int p = 1; p < GIN_P; p++) direct &= go[q + p] == go[q] + p;
+                const T *gtile = direct ? gg + go[q] : gt;
+                const int64_t gos = direct ? gs[1] : GIN_P;
+                if (!direct)
+                    for (int64_t o = 0; o < Og; o++) /* pack g[tile, o]; zero past the tail */
+                        for (int p = 0; p < GIN_P; p++) gt[o * GIN_P + p] = p < m ? gg[o * gs[1] + go[q + p]] : 0;
                 for (int64_t i = 0; i < kh; i++)
                     for (int64_t j = 0; j < kw; j++)
                         for (int64_t cv = 0; cv < Cgp; cv += VL) {
                             const int64_t base = gr * Cgp + i * di + j * dj + cv;
-                            FN(gin_tile)(buf + base, gbuf + base, xo + q, m,
-                                         w2 + gr * Og * wo + ((i * kw + j) * Cgp + cv) * Og, gt, Og);
+                            FN(gin_tile)(xi + base, gi + base, xo + q, m,
+                                         w2 + gr * Og * wo + ((i * kw + j) * Cgp + cv) * Og, gtile, gos, Og);
                         }
             }
         }
-        for (int64_t h = 0; h < H; h++) /* copy the interior out, blocked as in pad_image */
+        for (int64_t h = 0; h < H * !gin; h++) /* copy the interior out, blocked as in pad_image */
             for (int64_t w0 = 0; w0 < W; w0 += 16) {
                 const int64_t w1 = W - w0 < 16 ? W : w0 + 16;
                 const T *bp = gbuf + ((h + ph) * Wp + pw) * Ct;
-                for (int64_t gr = 0; gr < G; gr++)
+                for (int64_t gr = g0; gr < g1; gr++)
                     for (int64_t c = 0; c < Cg; c++) {
                         T *gc = gx + n * gxs[0] + (gr * Cg + c) * gxs[1] + h * gxs[2];
                         for (int64_t w = w0; w < w1; w++) gc[w * gxs[3]] = bp[w * Ct + gr * Cgp + c];
@@ -238,14 +274,15 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
     return 0;
 }
 
-/* The same over R ranges r[4k..4k+3] = (n0, n1, q0, q1) / r[2k..2k+1] = (n0, n1), in parallel on
+/* The same over R ranges r[6k..6k+5] = (n0, n1, q0, q1, g0, g1) / r[4k..4k+3] = (n0, n1, g0, g1), in parallel on
  * OpenMP's threads (torch's runtime, see build.py); serial when built without OpenMP. */
 int FN(adder_forward_ranges)(const T *x, const int64_t *xs, const T *wt, T *y, const int64_t *ys,
                              const int64_t *s, const int64_t *r, int64_t R, int nt) {
     int err = 0;
 #pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(| : err)
     for (int64_t k = 0; k < R; k++)
-        err |= FN(adder_forward)(x, xs, wt, y, ys, s, r[4 * k], r[4 * k + 1], r[4 * k + 2], r[4 * k + 3]);
+        err |= FN(adder_forward)(x, xs, wt, y, ys, s, r[6 * k], r[6 * k + 1], r[6 * k + 2], r[6 * k + 3],
+                                 r[6 * k + 4], r[6 * k + 5]);
     return err;
 }
 
@@ -255,7 +292,8 @@ int FN(adder_grad_input_ranges)(const T *x, const int64_t *xs, const T *w2, cons
     int err = 0;
 #pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(| : err)
     for (int64_t k = 0; k < R; k++)
-        err |= FN(adder_grad_input)(x, xs, w2, g, gs, gx, gxs, s, r[2 * k], r[2 * k + 1]);
+        err |= FN(adder_grad_input)(x, xs, w2, g, gs, gx, gxs, s, r[4 * k], r[4 * k + 1], r[4 * k + 2],
+                                    r[4 * k + 3]);
     return err;
 }
 

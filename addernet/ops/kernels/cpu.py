@@ -1,4 +1,5 @@
-"""Fast CPU backend: the compiled C kernel (adder_cpu.c) with the batch split across threads.
+"""Fast CPU backend: the compiled C kernel (adder_cpu.c) with the batch split across threads (a batch
+smaller than the thread count splits its groups, or else the forward its output pixels).
 
 The threads are torch's own OpenMP workers (the kernel links the libgomp torch loaded, see
 build.py): a separate pool would compete with those workers, which spin-wait after every torch
@@ -14,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.nn.functional as F
 
-from ..conv_args import compute_dtype, out_hw
+from ..conv_args import compute_dtype, out_hw, output_format
 from .build import cpu_isa, load_library
 
 _KERNEL_DTYPES = {torch.float32: "_f", torch.float64: "_d"}
@@ -32,8 +33,8 @@ def _bind(isa):
     lib = load_library(isa=isa)
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     for suf in _KERNEL_DTYPES.values():
-        getattr(lib, "adder_forward" + suf).argtypes = [p, p, p, p, p, p, i64, i64, i64, i64]
-        getattr(lib, "adder_grad_input" + suf).argtypes = [p, p, p, p, p, p, p, p, i64, i64]
+        getattr(lib, "adder_forward" + suf).argtypes = [p, p, p, p, p, p, *[i64] * 6]
+        getattr(lib, "adder_grad_input" + suf).argtypes = [p, p, p, p, p, p, p, p, *[i64] * 4]
         getattr(lib, "adder_forward_ranges" + suf).argtypes = [p, p, p, p, p, p, p, i64, ctypes.c_int]
         getattr(lib, "adder_grad_input_ranges" + suf).argtypes = [p, p, p, p, p, p, p, p, p, i64, ctypes.c_int]
         for name in ("adder_forward", "adder_grad_input", "adder_forward_ranges", "adder_grad_input_ranges"):
@@ -96,8 +97,15 @@ def _splits(total, parts):
     return [(a, min(a + step, total)) for a in range(0, total, step)]
 
 
+def _image_ranges(n, groups, workers):
+    """(n0, n1, g0, g1) per thread: the images split, or, for fewer images than threads, each image's groups."""
+    if n >= workers or groups == 1:
+        return [(a, b, 0, groups) for a, b in _splits(n, workers)]
+    return [(i, i + 1, a, b) for i in range(n) for a, b in _splits(groups, workers)]
+
+
 def forward(x, w, stride, padding, dilation, groups):
-    """y = -sum|x - w| (no bias), shape (N, Cout, Ho, Wo), contiguous."""
+    """y = -sum|x - w| (no bias), shape (N, Cout, Ho, Wo), in x's memory format (conv_args.output_format)."""
     dt = compute_dtype(x.dtype)
     xk, wk = x.to(dt), w.to(dt)
     s = _shape(xk, wk, stride, padding, dilation, groups, cpad=False)
@@ -110,22 +118,22 @@ def forward(x, w, stride, padding, dilation, groups):
     full = opad // (2 * vl) * (2 * vl)  # blocks of 2*vl output channels, [K][block] each; see adder_cpu.c
     blocks = wt[..., :full].reshape(G, K, full // (2 * vl), 2 * vl).transpose(1, 2)
     wt = torch.cat([blocks.reshape(G, -1), wt[..., full:].reshape(G, -1)], 1).contiguous()
-    y = torch.empty(s[0], w.shape[0], ho, wo, dtype=dt)
+    y = torch.empty(s[0], w.shape[0], ho, wo, dtype=dt, memory_format=output_format(x))
     if y.numel() == 0:
         return y.to(x.dtype)
     sa, xs, ys = _arr(s), _arr(xk.stride()), _arr(y.stride())
     workers = torch.get_num_threads()
-    if s[0] >= workers:
-        ranges = [(a, b, 0, ho * wo) for a, b in _splits(s[0], workers)]
-    else:  # small batch: split each image's output pixels instead
-        ranges = [(n, n + 1, a, b) for n in range(s[0]) for a, b in _splits(ho * wo, workers)]
+    if s[0] >= workers or G >= workers:
+        ranges = [(n0, n1, 0, ho * wo, g0, g1) for n0, n1, g0, g1 in _image_ranges(s[0], G, workers)]
+    else:  # small batch, few groups: split each image's output pixels instead
+        ranges = [(n, n + 1, a, b, 0, G) for n in range(s[0]) for a, b in _splits(ho * wo, workers)]
     args = (xk.data_ptr(), xs, wt.data_ptr(), y.data_ptr(), ys, sa)
     _run("adder_forward", dt, args, ranges, y.numel() * wk[0].numel())
     return y.to(x.dtype)
 
 
 def grad_input(x, w, grad_out, stride, padding, dilation, groups):
-    """grad_x = sum over the outputs each input touches of g * HardTanh(w - x); contiguous."""
+    """grad_x = sum over the outputs each input touches of g * HardTanh(w - x), in x's memory format."""
     dt = compute_dtype(x.dtype)
     xk, wk, gk = x.to(dt), w.to(dt), grad_out.to(dt)
     s = _shape(xk, wk, stride, padding, dilation, groups, cpad=True)
@@ -134,7 +142,7 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups):
     w2 = F.pad(wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 1, 3, 4, 2), (0, cgp - Cg))
     # [G][kh][kw][Cgp/vl][Og][vl]: a kernel tile streams one contiguous block
     w2 = w2.reshape(G, Og, kh, kw, cgp // vl, vl).permute(0, 2, 3, 4, 1, 5).contiguous()
-    gx = torch.empty(x.shape, dtype=dt)
+    gx = torch.empty(x.shape, dtype=dt, memory_format=output_format(x))
     if gx.numel() == 0 or gk.numel() == 0:
         return gx.zero_().to(x.dtype)
     args = (
@@ -147,5 +155,5 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups):
         _arr(gx.stride()),
         _arr(s),
     )
-    _run("adder_grad_input", dt, args, _splits(s[0], torch.get_num_threads()), gk.numel() * wk[0].numel())
+    _run("adder_grad_input", dt, args, _image_ranges(s[0], G, torch.get_num_threads()), gk.numel() * wk[0].numel())
     return gx.to(x.dtype)

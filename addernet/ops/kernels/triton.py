@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..conv_args import check_grad_out, check_inputs, out_hw
+from ..conv_args import check_grad_out, check_inputs, out_hw, output_format
 
 try:
     import triton
@@ -373,14 +373,6 @@ def _check_grid(z):
         raise ValueError(f"groups x stride classes = {z} exceeds 65535 programs on grid axis 2; reduce groups")
 
 
-def _memory_format(x):
-    return (
-        torch.channels_last
-        if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-        else torch.contiguous_format
-    )
-
-
 def forward(x, w, stride, padding, dilation, groups, config=None):
     """y = -sum |x - w| (no bias), fp32 accumulation, returned in x's dtype and memory format.
 
@@ -388,7 +380,7 @@ def forward(x, w, stride, padding, dilation, groups, config=None):
     g = _geometry(x, w, stride, padding, dilation, groups)
     N, H, W, Cg, Og, KH, KW, Ho, Wo = g[:9]
     O = w.shape[0]
-    y = torch.empty((N, O, Ho, Wo), device=x.device, dtype=x.dtype, memory_format=_memory_format(x))
+    y = torch.empty((N, O, Ho, Wo), device=x.device, dtype=x.dtype, memory_format=output_format(x))
     M = N * Ho * Wo
     if M == 0 or O == 0:
         return y
@@ -412,7 +404,7 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups, config=None):
     check_grad_out(grad_out, x, w, stride, padding, dilation)
     N, H, W, Cg, Og, KH, KW, Ho, Wo, SH, SW = g[:11]
     O = w.shape[0]
-    dx = torch.empty_like(x, memory_format=_memory_format(x))
+    dx = torch.empty_like(x, memory_format=output_format(x))
     if dx.numel() == 0:
         return dx
     if O == 0 or Ho * Wo == 0:
