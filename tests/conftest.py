@@ -28,13 +28,22 @@ def one_thread():
 
 
 @pytest.fixture
-def tiny_run(tmp_path):
-    """Train a tiny run in-process: ``tiny_run(*overrides, name="run")`` composes train.yaml with helpers.FAKE and
-    the overrides, trains into tmp_path/name and returns that run dir."""
+def cfg_train():
+    """The tiny-run config: train.yaml composed with helpers.FAKE, typed by the schema (a wrong type or an unknown
+    key is refused on assignment). Each test gets its own copy to change (``cfg_train.trainer.epochs = 2``,
+    ``OmegaConf.merge``, ``open_dict`` for keys a plug-in adds) and pass to ``addernet.engine.train(cfg, run_dir)``
+    or to ``tiny_run()``. Group choices (``model=...``) need composing: give them to ``tiny_run`` as overrides."""
+    return compose(FAKE)
+
+
+@pytest.fixture
+def tiny_run(tmp_path, cfg_train):
+    """Train a tiny run in-process into tmp_path/name and return that run dir: ``tiny_run(name="run")`` trains
+    cfg_train as the test changed it; ``tiny_run(*overrides)`` composes helpers.FAKE with the overrides instead."""
 
     def run(*overrides, name="run"):
         path = tmp_path / name
-        train(compose(FAKE + list(overrides)), str(path))
+        train(compose(FAKE + list(overrides)) if overrides else cfg_train, str(path))
         return path
 
     return run

@@ -1,5 +1,6 @@
 """Quantisation end to end on the official ResNet-20 and the shared sample: test.py quant.bits=8, a
-quantised checkpoint from scripts/quantize.py evaluated without calibration, the ONNX export, errors."""
+quantised checkpoint from scripts/quantize.py evaluated without calibration, the ONNX export, errors (the
+entry points' main() in this process)."""
 
 import json
 
@@ -7,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import CIFAR_SAMPLE, OFFICIAL_LOGITS, OFFICIAL_R20, SHARED, compose, needs_shared, run_train
+from addernet.test import main as evaluate_main
+from addernet.tools import export_onnx, quantize
+
+from helpers import CIFAR_SAMPLE, OFFICIAL_LOGITS, OFFICIAL_R20, SHARED, compose, needs_shared, run_main
 
 JPEG = SHARED / "cifar10-jpeg"
 # every test evaluates up to the whole 1,000-image sample in a subprocess or calibrates on 2,048 images
@@ -19,6 +23,7 @@ pytestmark = [
         "cifar10-jpeg/train",
     ),
     pytest.mark.slow,
+    pytest.mark.xdist_group("quant_official"),  # one worker builds the quantised checkpoint once
 ]
 DATA = [
     "data=cifar10_folder",
@@ -35,8 +40,12 @@ def _official_top1():
     return json.loads(OFFICIAL_LOGITS.read_text().splitlines()[0])["summary"]["top1"]
 
 
-def _run(script, args, timeout=600):
-    return run_train(list(args), script=(script,), timeout=timeout)
+# the entry points' main() in this process (test_schema and test_quickstart start them as processes)
+MAINS = {"test.py": evaluate_main, "scripts/quantize.py": quantize.cli, "scripts/export_onnx.py": export_onnx.cli}
+
+
+def _run(script, args):
+    return run_main(MAINS[script], script.rpartition("/")[2], args)
 
 
 def _json(r):

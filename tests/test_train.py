@@ -126,8 +126,9 @@ def test_train_py_on_a_jpeg_image_folder(tmp_path, jpeg_cifar):
     assert {p.name for p in (run / "checkpoints").iterdir()} == {"last.pt", "best.pt"}
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_run):
-    run = tiny_run("trainer.epochs=1")
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(cfg_train, tiny_run):
+    cfg_train.trainer.epochs = 1
+    run = tiny_run()
     last = run / "checkpoints" / "last.pt"
     before = last.read_bytes()
     poisoned = compose(
