@@ -148,10 +148,11 @@ AVX2_ENV = {
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
     "ADDERNET_CPU_ISA": "avx2",
 }
-# what torch, oneDNN and our kernels report in a child with AVX2_ENV (a convolution makes oneDNN say its ISA)
+# what torch, oneDNN and our kernels report in a child with AVX2_ENV (a convolution large enough for oneDNN makes
+# it say its ISA)
 PROBE = (
     "import torch; from addernet.ops.kernels import cpu; "
-    "torch.nn.functional.conv2d(torch.ones(1, 3, 8, 8), torch.ones(4, 3, 3, 3)); "
+    "torch.nn.functional.conv2d(torch.ones(8, 16, 32, 32), torch.ones(16, 16, 3, 3)); "
     "print('capability', torch.backends.cpu.get_cpu_capability(), 'kernels', cpu.path())"
 )
 
