@@ -17,7 +17,6 @@ from addernet.train import main as train_py
 
 from helpers import (
     FAKE,
-    REPO,
     TINY_VIT,
     child_env,
     compose,
@@ -103,14 +102,12 @@ def finished_run(tmp_path_factory):
         (["data.image_size=40"], "cannot take"),  # the model's dry run
     ],
 )
-def test_a_failed_relaunch_leaves_config_yaml_and_hydra_files_as_they_were(finished_run, tmp_path, change, message):
-    no_wandb = tmp_path / "no_wandb"
-    no_wandb.mkdir()
-    (no_wandb / "wandb.py").write_text("raise ImportError('wandb is not installed here')\n")
+def test_a_failed_relaunch_leaves_config_yaml_and_hydra_files_as_they_were(finished_run, change, message, monkeypatch):
+    """train.py's main in this process, on a run dir a train.py process wrote."""
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError: not installed here
     before = _files(finished_run)
     assert {"config.yaml", ".hydra/overrides.yaml", ".hydra/config.yaml", "checkpoints/last.pt"} <= set(before)
-    env = child_env(PYTHONPATH=os.pathsep.join([str(no_wandb), str(REPO), str(REPO / "tests")]))
-    proc = run_train(["trainer.epochs=2", *change, f"hydra.run.dir={finished_run}"], env=env)
+    proc = run_main(train_py, "train.py", ["trainer.epochs=2", *change, f"hydra.run.dir={finished_run}"])
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert re.search(message, proc.stderr), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
