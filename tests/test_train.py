@@ -59,6 +59,7 @@ CKPT_KEYS = {
 TB_SCALARS = {"train/loss", "train/top1", "val/loss", "val/top1", "val/top5", "watch/lr", "watch/images_per_s"}
 
 
+@pytest.mark.slow  # a full-size network (the default config's ResNet-20)
 def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
     written = write_cifar10(tmp_path / "data", n_train=40, n_test=37)
     trust_cifar10_md5(monkeypatch, written["md5"])
