@@ -355,7 +355,6 @@ def test_test_py_refuses_an_adder_checkpoint_as_conv(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("eval_official")  # the worker that has converted the official checkpoint already
 def test_converted_official_checkpoint_as_conv_is_refused(converted_r20, monkeypatch):
     """An official AdderNet checkpoint, converted, then evaluated as its CNN twin (test.py ... model.layer=conv)."""
     assert load_checkpoint(converted_r20)["classes"] == CIFAR10_CLASSES

@@ -91,7 +91,6 @@ def finished_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("finished_train_py_run")  # one worker launches the finished run once
 @pytest.mark.parametrize(
     "change, message",
     [

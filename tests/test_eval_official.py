@@ -27,7 +27,6 @@ pytestmark = [
         "official/ResNet20-AdderNet.pth", "official/ResNet20-AdderNet.cifar10-test-sample.jsonl", "cifar10-test-sample"
     ),
     pytest.mark.slow,
-    pytest.mark.xdist_group("eval_official"),  # one worker evaluates the sample and converts the checkpoint once
 ]
 SAMPLE_ARGS = [
     "data=cifar10_folder",

@@ -104,7 +104,6 @@ def test_integer_kernel_equals_the_integer_reference(isa, lane):
         assert torch.equal(y.long(), int_reference(x, w, s, p, d, groups)), (isa, lane, n, c, k)
 
 
-@pytest.mark.xdist_group("quantised_resnet20")  # the worker that has built test_quant_intnet's models
 @pytest.mark.parametrize("bits", [8, 12])
 def test_integer_network_equals_the_float64_reference_on_every_split(isa, bits, monkeypatch):
     """Within float32 rounding of the float64 reference, and bit-identical to the plain-C path, for the

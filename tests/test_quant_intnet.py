@@ -18,8 +18,6 @@ from addernet.quant.quantizer import levels
 
 from helpers import CIFAR_SAMPLE, OFFICIAL_R20, REPO, SHARED, needs_shared
 
-# one worker builds each quantised model once (test_kernel_paths' integer-network tests use them too)
-pytestmark = pytest.mark.xdist_group("quantised_resnet20")
 QUANT_DEFAULTS = OmegaConf.load(REPO / "configs" / "quant" / "default.yaml")
 
 

@@ -23,7 +23,6 @@ pytestmark = [
         "cifar10-jpeg/train",
     ),
     pytest.mark.slow,
-    pytest.mark.xdist_group("quant_official"),  # one worker builds the quantised checkpoint once
 ]
 DATA = [
     "data=cifar10_folder",
