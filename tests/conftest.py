@@ -7,6 +7,36 @@ from addernet.engine import train
 
 from helpers import FAKE, OFFICIAL_R20, compose, run_train, write_jpeg_folder
 
+# Tests that share an expensive module or session fixture (built once per worker process), by node id prefix:
+# with -n N each group runs on one worker, which builds the fixture once; every other test goes to whichever
+# worker is free, as in xdist's default load mode. (xdist's own --dist loadgroup ignores its xdist_group marks
+# under pytest 9, which changed how a node id is stored.)
+SAME_WORKER = {
+    "tests/test_quant_official.py::": "quantised official ResNet-20",
+    "tests/test_eval_official.py::": "official ResNet-20 evaluated and converted",
+    "tests/test_bad_input_inputs.py::test_converted_official_checkpoint_as_conv_is_refused": (
+        "official ResNet-20 evaluated and converted"
+    ),
+    "tests/test_quant_intnet.py::": "quantised random ResNet-20s",
+    "tests/test_kernel_paths.py::test_integer_network_equals_the_float64_reference_on_every_split": (
+        "quantised random ResNet-20s"
+    ),
+    "tests/test_bad_input_launch.py::test_a_failed_relaunch_leaves": "a finished train.py run",
+}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's load mode (the default of -n N) with the SAME_WORKER groups kept on one worker."""
+    if config.getvalue("dist") != "load":
+        return None  # another --dist mode asked for explicitly
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SameWorkerGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return next((group for prefix, group in SAME_WORKER.items() if nodeid.startswith(prefix)), nodeid)
+
+    return SameWorkerGroups(config, log)
+
 
 @pytest.fixture
 def jpeg_cifar(tmp_path_factory):
@@ -28,13 +58,22 @@ def one_thread():
 
 
 @pytest.fixture
-def tiny_run(tmp_path):
-    """Train a tiny run in-process: ``tiny_run(*overrides, name="run")`` composes train.yaml with helpers.FAKE and
-    the overrides, trains into tmp_path/name and returns that run dir."""
+def cfg_train():
+    """The tiny-run config: train.yaml composed with helpers.FAKE, typed by the schema (a wrong type or an unknown
+    key is refused on assignment). Each test gets its own copy to change (``cfg_train.trainer.epochs = 2``,
+    ``OmegaConf.merge``, ``open_dict`` for keys a plug-in adds) and pass to ``addernet.engine.train(cfg, run_dir)``
+    or to ``tiny_run()``. Group choices (``model=...``) need composing: give them to ``tiny_run`` as overrides."""
+    return compose(FAKE)
+
+
+@pytest.fixture
+def tiny_run(tmp_path, cfg_train):
+    """Train a tiny run in-process into tmp_path/name and return that run dir: ``tiny_run(name="run")`` trains
+    cfg_train as the test changed it; ``tiny_run(*overrides)`` composes helpers.FAKE with the overrides instead."""
 
     def run(*overrides, name="run"):
         path = tmp_path / name
-        train(compose(FAKE + list(overrides)), str(path))
+        train(compose(FAKE + list(overrides)) if overrides else cfg_train, str(path))
         return path
 
     return run

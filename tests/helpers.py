@@ -284,6 +284,37 @@ def run_train(args, timeout=300, env=None, script=("train.py",), **popen):
     )
 
 
+def run_main(main, prog, args):
+    """Run an entry point's ``main()`` in this process as ``python <prog> args...`` runs it in a new one (which
+    costs seconds of interpreter, torch and Hydra start): returns CompletedProcess (text) with its exit code,
+    stdout and stderr, where stderr ends with the warnings it raised as a new interpreter would print them. An
+    uncaught exception propagates (a new process would print its traceback)."""
+    import contextlib
+    import io
+    import warnings
+
+    out, err, argv, full_error = io.StringIO(), io.StringIO(), sys.argv, os.environ.get("HYDRA_FULL_ERROR")
+    sys.argv, code = [prog, *map(str, args)], 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("default")
+                for hidden in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                    warnings.simplefilter("ignore", hidden)  # hidden by a new interpreter's default filters
+                try:
+                    main()
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        sys.argv = argv
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)  # set by the entry handler for its own process
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
+    shown = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught)
+    return subprocess.CompletedProcess([prog, *map(str, args)], code, out.getvalue(), err.getvalue() + shown)
+
+
 def metrics_without_timing(path):
     """metrics.jsonl records with the wall-clock fields removed (those legitimately differ run to run)."""
     import json

@@ -13,14 +13,15 @@ import torch
 
 from addernet.checkpoint import load_checkpoint
 from addernet.engine import ConfigError, check_config, model_from_config, train
+from addernet.train import main as train_py
 
 from helpers import (
     FAKE,
-    REPO,
     TINY_VIT,
     child_env,
     compose,
     metrics_without_timing,
+    run_main,
     run_train,
     start_train,
     wait_for_log,
@@ -100,14 +101,12 @@ def finished_run(tmp_path_factory):
         (["data.image_size=40"], "cannot take"),  # the model's dry run
     ],
 )
-def test_a_failed_relaunch_leaves_config_yaml_and_hydra_files_as_they_were(finished_run, tmp_path, change, message):
-    no_wandb = tmp_path / "no_wandb"
-    no_wandb.mkdir()
-    (no_wandb / "wandb.py").write_text("raise ImportError('wandb is not installed here')\n")
+def test_a_failed_relaunch_leaves_config_yaml_and_hydra_files_as_they_were(finished_run, change, message, monkeypatch):
+    """train.py's main in this process, on a run dir a train.py process wrote."""
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError: not installed here
     before = _files(finished_run)
     assert {"config.yaml", ".hydra/overrides.yaml", ".hydra/config.yaml", "checkpoints/last.pt"} <= set(before)
-    env = child_env(PYTHONPATH=os.pathsep.join([str(no_wandb), str(REPO), str(REPO / "tests")]))
-    proc = run_train(["trainer.epochs=2", *change, f"hydra.run.dir={finished_run}"], env=env)
+    proc = run_main(train_py, "train.py", ["trainer.epochs=2", *change, f"hydra.run.dir={finished_run}"])
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert re.search(message, proc.stderr), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
@@ -120,12 +119,14 @@ def test_a_failed_relaunch_leaves_config_yaml_and_hydra_files_as_they_were(finis
 
 
 @pytest.mark.slow
-def test_the_printed_resume_command_run_verbatim_resumes_with_the_stored_settings(tmp_path):
+def test_the_printed_resume_command_run_verbatim_resumes_with_the_stored_settings(tmp_path, one_thread):
     """SIGTERM mid-epoch; the command the error prints (nothing but the run dir) resumes the run with its own
-    preset and overrides, to exactly the metrics of an uninterrupted run; trainer.resume=<run dir> forks it."""
+    preset and overrides, to exactly the metrics of an uninterrupted run; trainer.resume=<run dir> forks it.
+    The interrupted run and the printed command are train.py processes; the reference and the fork run train.py's
+    main in this process, with one thread like the processes (child_env)."""
     args = FAKE + ["data.train_size=64", "data.batch_size=8", "trainer.epochs=2", "trainer.deterministic=true"]
     args += ["task.name=helpers.SlowStepTask", "+task.delay=0.2"]  # 8 steps of 0.2 s: time to signal mid-epoch
-    reference = run_train([*args, f"hydra.run.dir={tmp_path / 'reference'}"], env=child_env())
+    reference = run_main(train_py, "train.py", [*args, f"hydra.run.dir={tmp_path / 'reference'}"])
     assert reference.returncode == 0, reference.stderr[-2000:]
     run = tmp_path / "run"
     proc = start_train([*args, f"hydra.run.dir={run}"], env=child_env(), start_new_session=True)
@@ -141,7 +142,7 @@ def test_the_printed_resume_command_run_verbatim_resumes_with_the_stored_setting
     command = shlex.split(re.search(r"Resume with: (.*)$", err, re.M).group(1))
     assert command[:2] == ["python", "train.py"] and len(command) == 3, command
     forked = tmp_path / "forked"
-    fork = run_train([f"trainer.resume={run}", f"hydra.run.dir={forked}"], env=child_env())
+    fork = run_main(train_py, "train.py", [f"trainer.resume={run}", f"hydra.run.dir={forked}"])
     assert fork.returncode == 0, fork.stderr[-2000:]
     resumed = run_train(command[2:], env=child_env(), script=(sys.executable, command[1]))
     assert resumed.returncode == 0, resumed.stderr[-2000:]

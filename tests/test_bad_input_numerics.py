@@ -91,9 +91,10 @@ def test_values_that_would_fail_inside_torch_are_caught_by_the_checks(overrides,
     assert "\n" not in str(e.value)
 
 
-def test_the_largest_allowed_seed_runs(tiny_run):
+def test_the_largest_allowed_seed_runs(cfg_train, tiny_run):
     """The bound of the seed check is a real limit: 2**32 - 1 trains (seed + rank, seed + epoch fit 64 bits)."""
-    tiny_run("trainer.epochs=1", f"trainer.seed={2**32 - 1}")
+    cfg_train.trainer.epochs, cfg_train.trainer.seed = 1, 2**32 - 1
+    tiny_run()
 
 
 def _strict_json(text):
@@ -113,9 +114,10 @@ def test_diverged_first_epoch_saves_nothing_and_exits_3(tmp_path):
     assert not (run / "metrics.jsonl").exists() or (run / "metrics.jsonl").read_text() == ""
 
 
-def test_non_finite_buffers_are_not_saved_and_last_good_is_named(tiny_run, monkeypatch):
+def test_non_finite_buffers_are_not_saved_and_last_good_is_named(cfg_train, tiny_run, monkeypatch):
     """Weights that turn inf while the loss stays finite (BN statistics) are caught before the epoch's save."""
-    run = tiny_run("trainer.epochs=1")
+    cfg_train.trainer.epochs = 1
+    run = tiny_run()
     last = run / "checkpoints" / "last.pt"
     before = last.read_bytes()
     from addernet.engine import fit

@@ -4,13 +4,15 @@ non-zero whatever the launcher."""
 
 import json
 import os
+import sys
 from types import SimpleNamespace
 
 import pytest
 
+from addernet.analysis.summarize import main as summarize_runs
 from addernet.distributed import adopt_slurm_environment, first_host
 
-from helpers import REPO, run_train
+from helpers import REPO, run_main, run_train
 
 # one job of a sweep: a LeNet-5-BN on 32 FakeData images, the debug preset's short run
 SWEEP_JOB = [
@@ -72,7 +74,7 @@ def test_submitit_local_runs_a_two_job_sweep_then_resumes_it(tmp_path):
     assert [p.name.split("_")[0] for p in jobs] == ["0", "1"] and all(
         p.name.endswith(f"trainer.seed={i}") for i, p in enumerate(jobs)
     )
-    table = run_train([str(sweep)], script=("scripts/summarize_runs.py",))
+    table = run_main(lambda: sys.exit(summarize_runs()), "summarize_runs.py", [sweep])  # in this process
     assert table.returncode == 0, table.stdout + table.stderr
     assert "| mean ± std (2 of 2 seeds) |" in table.stdout and table.stdout.count("| 1 | ") >= 2
 
@@ -147,7 +149,7 @@ def test_a_submitit_sweep_with_a_failed_job_exits_non_zero_and_summarizes_it(tmp
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
     [failure] = (sweep / "failures.log").read_text().splitlines()
     assert failure.startswith("job 1 (") and "exit code 2" in failure
-    table = run_train([str(sweep)], script=("scripts/summarize_runs.py",))
+    table = run_main(lambda: sys.exit(summarize_runs()), "summarize_runs.py", [sweep])  # in this process
     assert table.returncode == 1, table.stdout + table.stderr
     assert "| failed (exit 2) | experiment=debug" in table.stdout
     assert "| mean ± std (1 of 2 seeds) | 1 failed |" in table.stdout

@@ -1,4 +1,5 @@
-"""test.py end to end on our own checkpoints (no shared data needed): stored config, overrides, clear errors."""
+"""test.py end to end on our own checkpoints (no shared data needed): stored config, overrides, clear errors.
+Its main() runs in this process; test_quickstart and test_eval_official start it as a process."""
 
 import json
 
@@ -11,8 +12,9 @@ from addernet.checkpoint import read_checkpoint, save_checkpoint
 from addernet.data import build_dataset
 from addernet.engine.eval_run import effective_config, evaluate_checkpoint
 from addernet.models import build_model
+from addernet.test import main as evaluate_main
 
-from helpers import compose, run_train
+from helpers import compose, run_main
 
 # data.download=false everywhere: if the stored config were ignored, the default data=cifar10 must not
 # reach for the network.
@@ -20,7 +22,8 @@ NO_DOWNLOAD = ["data.download=false", "trainer.progress=false"]
 
 
 def run_test_py(args):
-    return run_train(list(args), script=("test.py",), timeout=300)
+    """test.py's main in this process (the process itself is tested by test_quickstart and test_eval_official)."""
+    return run_main(evaluate_main, "test.py", args)
 
 
 def last_json(r):

@@ -4,6 +4,8 @@ forward and every gradient, integer kernel, integer network); a path it cannot r
 the missing CPU flag. The test ids name the path, so the output says which paths ran."""
 
 import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ from addernet.errors import BuildError, ConfigError
 from addernet.ops.kernels import build, cpu, int_cpu
 from addernet.quant import IntegerResNet
 
+from helpers import REPO, child_env
 from test_quant import int_reference
 from test_quant_intnet import _images, _quantised_resnet20, _reference, _rel
 
@@ -141,3 +144,57 @@ def test_a_path_this_cpu_lacks_is_refused_with_the_missing_flag(monkeypatch):
         BuildError, match="avx512 kernel needs CPU flag avx512f, avx512bw.*lacks; unset ADDERNET_CPU_ISA"
     ):
         build.load_library("adder_int", "avx512")
+
+
+# An AVX2 host's arithmetic on a host with more: ATen's vectorised kernels, oneDNN (convolutions, batch norm), MKL
+# (matrix products) and our kernels limited to AVX2. docs/testing.md runs the whole suite so.
+AVX2_ENV = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "ADDERNET_CPU_ISA": "avx2",
+}
+# what torch, oneDNN and our kernels report in a child with AVX2_ENV (a convolution large enough for oneDNN makes
+# it say its ISA)
+PROBE = (
+    "import torch; from addernet.ops.kernels import cpu; "
+    "torch.nn.functional.conv2d(torch.ones(8, 16, 32, 32), torch.ones(16, 16, 3, 3)); "
+    "print('capability', torch.backends.cpu.get_cpu_capability(), 'kernels', cpu.path())"
+)
+
+
+@pytest.mark.slow  # two pytest processes
+def test_pinned_numbers_and_formulas_hold_with_an_avx2_hosts_arithmetic():
+    """The tests of pinned numbers and of a float32 formula against float64 pass when this host computes as an
+    AVX2 host does (other reduction widths and orders, so other roundings): a check of their tolerances on a host
+    of the other kind, without one."""
+    if platform.machine() not in ("x86_64", "AMD64") or build.missing_cpu_flags("avx2"):
+        pytest.skip("this CPU lacks avx2: it cannot compute as an AVX2 host")
+    if torch.backends.cpu.get_cpu_capability() == "AVX2":
+        pytest.skip("torch already computes with AVX2 here: this run is the AVX2 host's")
+    env = child_env(**AVX2_ENV)
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**env, "ONEDNN_VERBOSE": "1"},
+    )
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    assert "capability AVX2 kernels avx2" in probe.stdout, probe.stdout[-2000:]
+    isa = [line for line in probe.stdout.splitlines() if ",isa:" in line]
+    assert isa and "AVX-512" not in isa[0] and "AVX2" in isa[0], isa  # oneDNN honours its limit
+    tests = [
+        "tests/test_engine.py::test_deterministic_run_reproduces_the_pinned_numbers",
+        "tests/test_kd.py::test_loss_equals_the_formula_computed_independently",
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *tests],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]

@@ -1,5 +1,6 @@
 """Quantisation end to end on the official ResNet-20 and the shared sample: test.py quant.bits=8, a
-quantised checkpoint from scripts/quantize.py evaluated without calibration, the ONNX export, errors."""
+quantised checkpoint from scripts/quantize.py evaluated without calibration, the ONNX export, errors (the
+entry points' main() in this process)."""
 
 import json
 
@@ -7,10 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import CIFAR_SAMPLE, OFFICIAL_LOGITS, OFFICIAL_R20, SHARED, compose, needs_shared, run_train
+from addernet.test import main as evaluate_main
+from addernet.tools import export_onnx, quantize
+
+from helpers import CIFAR_SAMPLE, OFFICIAL_LOGITS, OFFICIAL_R20, SHARED, compose, needs_shared, run_main
 
 JPEG = SHARED / "cifar10-jpeg"
-# every test evaluates up to the whole 1,000-image sample in a subprocess or calibrates on 2,048 images
+# every test evaluates up to the whole 1,000-image sample or calibrates on 512 images
 pytestmark = [
     needs_shared(
         "official/ResNet20-AdderNet.pth",
@@ -28,15 +32,21 @@ DATA = [
     "data.pin_memory=false",
     "trainer.progress=false",
 ]
-CALIB = ["quant.calib_images=2048"]  # fewer than the default 25,600 to keep CI short
+# fewer than the default 25,600 to keep CI short: at 8 bits the sample's top-1 was 81.1 after calibrating on 512
+# images and 81.4 on 2,048 (docs/quantization.md), the float model's 79.5; the tests allow 78.5
+CALIB = ["quant.calib_images=512"]
 
 
 def _official_top1():
     return json.loads(OFFICIAL_LOGITS.read_text().splitlines()[0])["summary"]["top1"]
 
 
-def _run(script, args, timeout=600):
-    return run_train(list(args), script=(script,), timeout=timeout)
+# the entry points' main() in this process (test_schema and test_quickstart start them as processes)
+MAINS = {"test.py": evaluate_main, "scripts/quantize.py": quantize.cli, "scripts/export_onnx.py": export_onnx.cli}
+
+
+def _run(script, args):
+    return run_main(MAINS[script], script.rpartition("/")[2], args)
 
 
 def _json(r):
@@ -58,7 +68,7 @@ def quantized_checkpoint(tmp_path_factory):
 def test_test_py_at_8_bits_is_within_one_point_of_the_float_top1():
     out = _json(_run("test.py", [f"checkpoint={OFFICIAL_R20}", "model=resnet20", "quant.bits=8", *CALIB, *DATA]))
     assert out["n"] == 1000
-    assert out["quant"]["bits"] == 8 and out["quant"]["groups"] == 4 and out["quant"]["calib_images"] == 2048
+    assert out["quant"]["bits"] == 8 and out["quant"]["groups"] == 4 and out["quant"]["calib_images"] == 512
     assert out["top1"] >= _official_top1() - 1.0, out  # at most 1 point lost (BN re-estimation may gain)
 
 

@@ -1,12 +1,15 @@
 """The schema (addernet/config/schema.py): Hydra refuses unknown keys and wrong types in every group and preset,
 every entry point reports them in one line with exit 2, and test.py's stored config + command line rule."""
 
+import copy
 import json
 import subprocess
 import sys
 
 import pytest
 import torch
+from hydra._internal.config_loader_impl import ConfigLoaderImpl  # hydra-core is pinned to 1.3.x
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
@@ -33,8 +36,12 @@ ZOO = REPO / "addernet" / "zoo" / "mnist_lenet5_bn_adder_conv2.pt"  # a zoo file
 
 def _refused(overrides, config_name="train"):
     """The one-line error of composing ``overrides`` and checking the composed config against the schema."""
+    return _error(lambda: check_schema(compose(overrides, config_name=config_name)), overrides)
+
+
+def _error(compose_and_check, overrides):
     try:
-        check_schema(compose(overrides, config_name=config_name))
+        compose_and_check()
     except ConfigError as e:
         return str(e)
     except HydraException as e:
@@ -42,15 +49,37 @@ def _refused(overrides, config_name="train"):
     raise AssertionError(f"{overrides} composed without an error")
 
 
-@pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.parametrize("group", sorted(WRONG_TYPE))
-def test_every_group_of_every_preset_refuses_an_unknown_key_and_a_wrong_type(preset, group):
+def _refused_on(cfg, override):
+    """_refused(preset + [override]) without composing the preset again: the preset's composed config (struct, as
+    Hydra leaves it) gets the override through Hydra's own step of composition for key=value overrides (the
+    overrides here choose no group, so the defaults list and everything before that step are the preset's)."""
+    cfg = copy.deepcopy(cfg)
+    parsed = OverridesParser.create().parse_overrides([override])
+    return _error(lambda: (ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg), check_schema(cfg)), [override])
+
+
+def _assert_group_refuses(group, refused):
     for plus in ("", "+"):  # Hydra's +key= adds to a structured config: refused after composing
-        message = _refused([f"experiment={preset}", f"{plus}{group}.learning_rat=1"])
-        assert message.startswith(f"unknown key {group}.learning_rat") and "\n" not in message
+        message = refused(f"{plus}{group}.learning_rat=1")
+        assert message.startswith(f"unknown key {group}.learning_rat") and "\n" not in message, (group, message)
     override, kind = WRONG_TYPE[group]
-    message = _refused([f"experiment={preset}", override])
+    message = refused(override)
     assert message.startswith(override.split("=")[0]) and f"takes {kind}" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("group", sorted(WRONG_TYPE))
+def test_every_group_refuses_an_unknown_key_and_a_wrong_type(group):
+    """The whole composition, each bad override given with the default config."""
+    _assert_group_refuses(group, lambda override: _refused([override]))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_group_of_every_preset_refuses_an_unknown_key_and_a_wrong_type(preset):
+    """Each preset composed once; each bad override applied to it as Hydra's composition applies it."""
+    cfg = compose([f"experiment={preset}"])
+    assert OmegaConf.is_struct(cfg)
+    for group in sorted(WRONG_TYPE):
+        _assert_group_refuses(group, lambda override: _refused_on(cfg, override))
 
 
 def test_the_closest_key_and_option_are_named():

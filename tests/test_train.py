@@ -59,6 +59,7 @@ CKPT_KEYS = {
 TB_SCALARS = {"train/loss", "train/top1", "val/loss", "val/top1", "val/top5", "watch/lr", "watch/images_per_s"}
 
 
+@pytest.mark.slow  # a full-size network (the default config's ResNet-20)
 def test_one_epoch_resnet20_on_cifar10_pickles(tmp_path, monkeypatch):
     written = write_cifar10(tmp_path / "data", n_train=40, n_test=37)
     trust_cifar10_md5(monkeypatch, written["md5"])
@@ -126,8 +127,9 @@ def test_train_py_on_a_jpeg_image_folder(tmp_path, jpeg_cifar):
     assert {p.name for p in (run / "checkpoints").iterdir()} == {"last.pt", "best.pt"}
 
 
-def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tiny_run):
-    run = tiny_run("trainer.epochs=1")
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(cfg_train, tiny_run):
+    cfg_train.trainer.epochs = 1
+    run = tiny_run()
     last = run / "checkpoints" / "last.pt"
     before = last.read_bytes()
     poisoned = compose(

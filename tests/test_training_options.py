@@ -254,7 +254,9 @@ def _options_args(root, run=None, *extra):
 def test_options_together_resume_exactly_after_sigterm_and_test_py_evaluates_the_ema(tmp_path, jpeg_cifar):
     import json
 
-    from helpers import assert_exact_resume, metrics_without_timing, run_train
+    from addernet.test import main as evaluate_main
+
+    from helpers import assert_exact_resume, metrics_without_timing, run_main
 
     # SIGTERM mid-epoch 2 (in this process): a mid-epoch last.pt, then the resumed run equals the uninterrupted one
     ref, got = assert_exact_resume(
@@ -265,8 +267,11 @@ def test_options_together_resume_exactly_after_sigterm_and_test_py_evaluates_the
     assert {"ema_val_loss", "ema_val_top1", "ema_val_top5"} <= set(records[-1])
     assert "precise_bn_seconds" in json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert got["ema"]["n_averaged"].item() == 6  # 2 epochs x 3 steps
-    # test.py ema=true evaluates the stored average: the logged ema_val_* of the last epoch
-    out = run_train(
+    # test.py ema=true evaluates the stored average: the logged ema_val_* of the last epoch (test.py's main in this
+    # process)
+    out = run_main(
+        evaluate_main,
+        "test.py",
         [
             f"checkpoint={run / 'checkpoints' / 'last.pt'}",
             "ema=true",
@@ -274,21 +279,21 @@ def test_options_together_resume_exactly_after_sigterm_and_test_py_evaluates_the
             "data.num_workers=0",
             "trainer.amp=bf16",
         ],
-        script=("test.py",),
     )
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["top1"] == records[-1]["ema_val_top1"] and result["loss"] == pytest.approx(
         records[-1]["ema_val_loss"]
     )
-    plain = run_train(
+    plain = run_main(
+        evaluate_main,
+        "test.py",
         [
             f"checkpoint={run / 'checkpoints' / 'last.pt'}",
             "trainer.progress=false",
             "data.num_workers=0",
             "trainer.amp=bf16",
         ],
-        script=("test.py",),
     )
     assert json.loads(plain.stdout.strip().splitlines()[-1])["loss"] == pytest.approx(records[-1]["val_loss"])
     assert result["loss"] != pytest.approx(records[-1]["val_loss"])  # the average is not the last weights

@@ -10,10 +10,11 @@ import torch
 from addernet.checkpoint import load_checkpoint, load_weights, save_checkpoint
 from addernet.errors import CheckpointError, ConfigError
 from addernet.models import build_model
+from addernet.test import main as evaluate_main
 from addernet.tools import zoo_add
 from addernet.zoo import ZOO, manifest, path, sha256
 
-from helpers import SHARED, needs_shared, run_train
+from helpers import SHARED, needs_shared, run_main, run_train
 
 ENTRIES = manifest()
 MNIST = SHARED / "mnist"
@@ -47,7 +48,8 @@ def test_unknown_name_lists_the_zoo():
 @needs_shared("mnist/MNIST/raw")
 @pytest.mark.parametrize("name", sorted(ENTRIES))
 def test_test_py_prints_the_manifest_top1(name):
-    res = run_train([f"checkpoint={path(name)}", f"data.root={MNIST}", "data.download=false"], script=("test.py",))
+    # test.py's main in this process (test_test_py_labels_its_log_lines_with_their_logger starts it)
+    res = run_main(evaluate_main, "test.py", [f"checkpoint={path(name)}", f"data.root={MNIST}", "data.download=false"])
     assert res.returncode == 0, res.stderr[-2000:]
     result = json.loads(res.stdout.strip().splitlines()[-1])
     # regression of counts pinned on another machine: the closest top-2 margin of any zoo model on these 10,000
