@@ -3,6 +3,7 @@ non-finite inputs give NaN in every runtime, calibration ranges at the floor are
 that do not apply are refused."""
 
 import functools
+import re
 import warnings
 
 import pytest
@@ -166,7 +167,9 @@ def test_quantising_for_evaluation_reports_floors_and_follows_the_progress_switc
     with pytest.warns(RuntimeWarning, match=r"layer1\.0\.conv2"):
         _, info = quantize_for_eval(model, _eval_cfg("quant.bits=8", "trainer.progress=false"))
     assert "layer1.0.conv2" in info["floored_layers"]
-    assert "calibration" not in capfd.readouterr().err  # no tqdm bar
+    # no tqdm bar ("calibration:   0%|"); the log line "calibration: activation ranges ..." may reach stderr
+    # when an earlier in-process entry point left a logging handler there
+    assert not re.search(r"calibration:\s+\d+%", capfd.readouterr().err)
 
 
 @pytest.mark.parametrize("runtime", ["integer", "layers"])
