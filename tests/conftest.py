@@ -1,5 +1,7 @@
 """pytest fixtures shared by the test modules (plain helpers are in helpers.py)."""
 
+import logging
+
 import pytest
 import torch
 
@@ -36,6 +38,18 @@ def pytest_xdist_make_scheduler(config, log):
             return next((group for prefix, group in SAME_WORKER.items() if nodeid.startswith(prefix)), nodeid)
 
     return SameWorkerGroups(config, log)
+
+
+@pytest.fixture(autouse=True)
+def logging_as_it_was():
+    """Logging configuration put back after each test. An entry point run in this process (Hydra's job logging:
+    handlers on the root logger, levels, disabled loggers) would otherwise send later tests' log records to its
+    handlers, as a new process never does."""
+    loggers = [logging.root, *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger))]
+    state = [(lg, lg.handlers[:], lg.level, lg.disabled, lg.propagate) for lg in loggers]
+    yield
+    for lg, handlers, level, disabled, propagate in state:
+        lg.handlers[:], lg.level, lg.disabled, lg.propagate = handlers, level, disabled, propagate
 
 
 @pytest.fixture
