@@ -1,6 +1,7 @@
 """pytest fixtures shared by the test modules (plain helpers are in helpers.py)."""
 
 import logging
+import os
 
 import pytest
 import torch
@@ -25,6 +26,20 @@ SAME_WORKER = {
     ),
     "tests/test_bad_input_launch.py::test_a_failed_relaunch_leaves": "a finished train.py run",
 }
+
+
+def pytest_configure(config):
+    """With -n N, each worker process computes on its share of the cores (torch's threads // N, at least one). Two
+    workers that each run an OpenMP team as wide as the machine keep taking each other's cores: OpenMP's threads
+    spin while they wait, and a training loop of small ops became ten times slower (52 s instead of 4 s for a
+    learning test beside another). The processes a test starts inherit the same count (OMP_NUM_THREADS), so a run
+    in this process and one in a child compute alike: a float32 sum split across another number of threads rounds
+    differently."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        threads = max(1, torch.get_num_threads() // workers)
+        torch.set_num_threads(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 def pytest_xdist_make_scheduler(config, log):

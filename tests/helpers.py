@@ -69,12 +69,18 @@ def f32_ce_bound(logits):
     return f32_sum_bound((z.abs().amax(1) + z.logsumexp(1).abs()).mean().item(), z.shape[1] + z.shape[0])
 
 
-def assert_records_match(got, pinned, rel=PINNED_REL):
-    """metrics.jsonl records equal to pinned ones: float losses within ``rel`` (another CPU rounds differently),
-    everything else exact (epochs, learning rates computed in float64 from the schedule, percentages of counts)."""
+def assert_records_match(got, pinned, train_n, rel=PINNED_REL):
+    """metrics.jsonl records equal to pinned ones from another CPU: float losses within ``rel``, epochs and learning
+    rates exact (float64 from the schedule), accuracies within one image of the pinned count (``train_n`` training
+    images an epoch, ``val_n`` validation): a prediction whose two competing logits are within rounding of each
+    other goes either way on another CPU, and a barely trained network makes a few."""
     assert [sorted(r) for r in got] == [sorted(r) for r in pinned]
     for g, p in zip(got, pinned):
-        assert {k: v for k, v in g.items() if "loss" not in k} == {k: v for k, v in p.items() if "loss" not in k}
+        exact = [k for k in p if "loss" not in k and "top" not in k]
+        assert {k: g[k] for k in exact} == {k: p[k] for k in exact}
+        for k in (k for k in p if "top" in k):
+            n = train_n if k.startswith("train") else p["val_n"]
+            assert round(abs(g[k] - p[k]) * n / 100) <= 1, (k, g[k], p[k])  # percentages of n images
         assert {k: v for k, v in g.items() if "loss" in k} == pytest.approx(
             {k: v for k, v in p.items() if "loss" in k}, rel=rel
         )

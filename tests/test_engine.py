@@ -65,8 +65,11 @@ def test_deterministic_run_reproduces_the_pinned_numbers(tmp_path, monkeypatch, 
         ]
     )
     train(cfg, str(tmp_path / "run"))
-    # regression of the numbers on any x86-64 CPU; bit-for-bit determinism is what the exact-resume tests check
-    assert_records_match(metrics_without_timing(tmp_path / "run" / "metrics.jsonl"), PINNED)
+    # regression of the numbers on any x86-64 CPU; bit-for-bit determinism is what the exact-resume tests check.
+    # Of the run's 256 predictions (96 training + 32 validation, twice), one has its two largest logits within
+    # 1e-3 of the largest logit (3e-4, in epoch 2's training; the next 4.8e-3, measured on the pinned run): it
+    # went the other way on an Intel AVX-512 host computing as an AVX2 host, so a count may differ by one image.
+    assert_records_match(metrics_without_timing(tmp_path / "run" / "metrics.jsonl"), PINNED, train_n=96)
 
 
 @pytest.mark.slow  # two runs, 16 steps
