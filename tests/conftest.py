@@ -25,6 +25,7 @@ SAME_WORKER = {
         "quantised random ResNet-20s"
     ),
     "tests/test_bad_input_launch.py::test_a_failed_relaunch_leaves": "a finished train.py run",
+    "tests/test_triton.py::test_interpreter_": "the Triton interpreter's run of the kernels",
 }
 
 

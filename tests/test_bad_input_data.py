@@ -3,13 +3,14 @@ matched by name, empty or corrupt data and impossible batch or input sizes are o
 fit the machine. Tiny in-process runs (JPEG folders, FakeData, LeNet-5-BN at 28x28); one train.py process.
 """
 
+import multiprocessing
 import os
 import shutil
 
 import pytest
 
 from addernet.checkpoint import load_checkpoint
-from addernet.data import DataError, build_dataset, build_loader, num_workers
+from addernet.data import DataError, build_dataset, build_loader, iter_from, num_workers
 from addernet.engine import ConfigError, check_config, eval_run, train
 from addernet.engine.eval_run import evaluate_checkpoint
 
@@ -115,9 +116,11 @@ def test_corrupt_image_names_the_file_and_the_dataset(corrupt_folder, workers):
     root, bad = corrupt_folder
     cfg = compose(folder_run(root, f"data.num_workers={workers}")).data
     with pytest.raises(DataError) as e:
-        list(build_loader(cfg, "train"))
+        list(iter_from(build_loader(cfg, "train")))  # how the training and evaluation loops iterate
     msg = str(e.value)
     assert msg.startswith(f"cifar10_folder train set: cannot read image {bad}") and "\n" not in msg, msg
+    # the worker is shut down with the error, not kept waiting by the iterator its traceback holds
+    assert not [child for child in multiprocessing.active_children() if child.daemon]
     assert "data.skip_corrupt=true" in msg
 
 

@@ -149,15 +149,33 @@ def seed_epoch(loader, seed, epoch, rank=0):
     random.seed(s)
 
 
-def iter_from(loader, step):
+def iter_from(loader, step=0):
     """An iterator over ``loader``'s current epoch that starts at batch ``step`` (mid-epoch resume).
 
     A DeviceLoader slices its epoch's draws (skipped batches cost nothing); a DataLoader loads and
-    discards the first ``step`` batches, the only way to keep its random stream.
+    discards the first ``step`` batches, the only way to keep its random stream. Its workers are shut
+    down as soon as the iteration ends, by an error too: left to DataLoader's own ``__del__``, the
+    iterator an error's traceback keeps is freed by a later garbage collection, where its workers
+    miss the stop message and the collection waits 10 s for them.
     """
     if hasattr(loader, "iter_from"):
         return loader.iter_from(step)
-    batches = iter(loader)
-    for _ in range(step):
-        next(batches)
-    return batches
+    batches = iter(loader)  # now, not at the first batch: it draws the epoch's worker seeds
+    try:
+        for _ in range(step):
+            next(batches)
+    except BaseException:
+        _shutdown_workers(batches)
+        raise
+    return _shut_down_at_the_end(batches)
+
+
+def _shut_down_at_the_end(batches):
+    try:
+        yield from batches
+    finally:
+        _shutdown_workers(batches)
+
+
+def _shutdown_workers(batches):
+    getattr(batches, "_shutdown_workers", lambda: None)()  # what DataLoader's __del__ calls

@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 
 from .. import distributed as dist
+from ..data import iter_from
 from ..forward import logits_and_loss, to_device
 from .meters import MetricSums
 
@@ -28,7 +29,7 @@ def evaluate(model, loader, device, amp="off", channels_last=False):
     sums = MetricSums(device)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     start = time.perf_counter()
-    for images, target in loader:
+    for images, target in iter_from(loader):
         images, target = to_device(images, target, device, memory_format)
         logits, loss_sum = logits_and_loss(model, images, target, amp, reduction="sum")
         sums.update(loss_sum, logits, target)

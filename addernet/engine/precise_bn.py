@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from .. import distributed as dist
+from ..data import iter_from
 from ..errors import ConfigError
 from ..forward import autocast, to_device
 from ..quant.calibration import recalibrate_bn
@@ -45,7 +46,7 @@ def precise_bn(model, loader, batches, device, amp="off", memory_format=torch.co
     (the first of its current epoch, with its augmentation), averaged over ranks; returns the seconds taken."""
     start = time.perf_counter()
     n = min(int(batches), len(loader))
-    images = (to_device(x, y, device, memory_format)[0] for x, y in itertools.islice(iter(loader), n))
+    images = (to_device(x, y, device, memory_format)[0] for x, y in itertools.islice(iter_from(loader), n))
     with autocast(device, amp):
         recalibrate_bn(model, images, total=n, desc="precise BN", progress=progress)
     if dist.is_distributed():

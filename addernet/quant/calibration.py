@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
+from ..data import iter_from
 from ..ops import Adder2d
 
 log = logging.getLogger("addernet.quant")
@@ -23,6 +24,13 @@ log = logging.getLogger("addernet.quant")
 
 class NegativeInput(ValueError):
     """An adder layer saw negative inputs: the unsigned activation quantiser does not apply to it."""
+
+
+def _batches(loader, desc, total, progress):
+    """``loader``'s batches (its workers shut down at the end, an error included) under a tqdm bar of ``total``
+    (default: the loader's length, where it has one)."""
+    total = len(loader) if total is None and hasattr(loader, "__len__") else total
+    return tqdm(iter_from(loader), desc=desc, total=total, unit="batch", disable=not progress, leave=False)
 
 
 @torch.no_grad()
@@ -50,7 +58,7 @@ def activation_ranges(model, loader, quantile, floor=1e-3, progress=True):
     model.eval()
     seen = 0
     try:
-        for images, *_ in tqdm(loader, desc="calibration", unit="batch", disable=not progress, leave=False):
+        for images, *_ in _batches(loader, "calibration", None, progress):
             model(images.to(device))
             seen += images.shape[0]
     finally:
@@ -102,7 +110,7 @@ def recalibrate_bn(model, loader, momentum=None, total=None, desc="BN re-estimat
         m.train()
     seen = 0
     try:
-        for batch in tqdm(loader, desc=desc, total=total, unit="batch", disable=not progress, leave=False):
+        for batch in _batches(loader, desc, total, progress):
             images = batch if torch.is_tensor(batch) else batch[0]
             model(images.to(device))
             seen += images.shape[0]
