@@ -1,13 +1,20 @@
-"""Config value checks shared by every group's validation: one message style, naming the key and the fix."""
+"""Config value checks shared by the schema's classes: one message style, naming the key and the fix.
+
+``node`` is a config node (``node.get(key)``) or a schema dataclass instance (``getattr(node, key)``).
+"""
 
 import math
 
 from .errors import ConfigError
 
 
+def _get(node, key):
+    return node.get(key) if hasattr(node, "get") else getattr(node, key, None)
+
+
 def number(node, key, name, minimum=0, positive=False, integer=False):
     """node[key] as a finite number >= minimum (> 0 with ``positive``); ``name`` is the dotted key for messages."""
-    value = node.get(key) if hasattr(node, "get") else None
+    value = _get(node, key)
     kinds = (int,) if integer else (int, float)
     if (
         isinstance(value, bool)
@@ -27,7 +34,7 @@ def number(node, key, name, minimum=0, positive=False, integer=False):
 
 def choice(node, key, name, choices):
     """node[key], which must be one of ``choices`` (a bare YAML/CLI ``off`` that became false counts as "off")."""
-    value = node.get(key) if hasattr(node, "get") else None
+    value = _get(node, key)
     if value is False and "off" in choices:
         value = "off"
     if value not in choices:

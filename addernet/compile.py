@@ -14,8 +14,6 @@ log = logging.getLogger("addernet.compile")
 
 def compile_model(model, enabled, **options):
     """``model``, compiled in place with torch.compile ``options`` (e.g. backend=, mode=) when ``enabled``."""
-    if not isinstance(enabled, bool):
-        raise ValueError(f"trainer.compile must be true or false, got {enabled!r}.")
     if enabled:
         model.compile(**options)
         log.info(

@@ -7,13 +7,14 @@ same device placement, memory format, autocast and loss.
 import torch
 import torch.nn.functional as F
 
-AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+from .config.schema import AMP
+
+AMP_DTYPES = dict(zip(AMP, (None, torch.bfloat16, torch.float16)))  # trainer.amp -> the autocast dtype
 
 
 def autocast(device, amp):
-    """torch.autocast for ``amp`` in off|bf16|fp16 (disabled, not skipped, when off)."""
-    if amp not in AMP_DTYPES:
-        raise ValueError(f"amp must be one of {', '.join(AMP_DTYPES)}, got {amp!r} (trainer.amp).")
+    """torch.autocast for ``amp`` in off|bf16|fp16 (disabled, not skipped, when off; trainer.amp is checked by the
+    schema)."""
     device = torch.device(device)
     return torch.autocast(device.type, dtype=AMP_DTYPES[amp] or torch.float32, enabled=amp != "off")
 

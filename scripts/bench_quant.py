@@ -48,6 +48,7 @@ import torch
 import torch.nn as nn
 from omegaconf import OmegaConf
 
+from addernet.config.schema import Quant
 from addernet.errors import reported
 from addernet.models import build_model
 from addernet.ops import Adder2d
@@ -116,7 +117,7 @@ def _random_quantised(bits):
     images = torch.rand(64, 3, 32, 32) * 4 - 2
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, torch.zeros(64)), batch_size=32)
     cfg = OmegaConf.merge(
-        OmegaConf.load(ROOT / "configs" / "quant" / "default.yaml"),
+        OmegaConf.structured(Quant),  # the quant group's defaults
         {"bits": bits, "calib_images": 64, "calib_batch_size": 32},
     )
     return quantize_model(model, loader, cfg)

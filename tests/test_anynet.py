@@ -10,7 +10,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
-from omegaconf import OmegaConf
 
 from addernet import AdaptiveLR, Adder2d, AdderAttention, AdderLinear, adder2d, adder_linear, adderize, l1_scores
 from addernet.analysis import count_ops
@@ -23,7 +22,7 @@ from addernet.quant.convert import quantize_model
 from addernet.quant.onnx import onnx_ready
 from addernet.tasks import build_task
 
-from helpers import REPO, TINY_VIT, compose, f32_sum_bound
+from helpers import TINY_VIT, compose, f32_sum_bound
 
 BACKENDS = ["fast", "eager"]
 
@@ -420,7 +419,7 @@ def test_quantisation_and_onnx_export_name_the_unsupported_layer():
         match=r"ONNX export does not support AdderAttention, AdderLinear layers yet: AdderAttention \(blocks.0.attn\)",
     ):
         onnx_ready(model)
-    q = OmegaConf.load(REPO / "configs" / "quant" / "default.yaml")
+    q = compose(["checkpoint=x.pt"], config_name="test").quant
     q.bits = 8
     with pytest.raises(ConfigError, match=r"quantisation does not support AdderAttention, AdderLinear layers yet"):
         quantize_model(model, None, q)

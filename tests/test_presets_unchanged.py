@@ -6,8 +6,8 @@ as one tensor (data.on_device=true), which gives the same batches as the per-ima
 removing those keys must give exactly those values; those keys must be at their off value in every preset.
 
 tests/data/composed_configs.json holds the whole resolved config of every configs/experiment preset, every
-configs/data option (composed into train.yaml), train.yaml and test.yaml: the shared blocks the presets and data
-options include through their defaults lists (configs/experiment/_blocks/, configs/data/_loader.yaml) must
+configs/data option (composed into train.yaml), train.yaml and test.yaml: the schema's defaults
+(addernet/config/schema.py), the options, and the blocks the presets include (configs/experiment/_blocks/) must
 compose to exactly those values. After an intended change to a config, regenerate it from the repository root
 with ``python tests/test_presets_unchanged.py --write`` and review the diff.
 """

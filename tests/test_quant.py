@@ -27,9 +27,10 @@ from addernet.quant.quantizer import (
     unsigned_form,
 )
 
-from helpers import REPO
+from helpers import compose
 
-QUANT_DEFAULTS = OmegaConf.load(REPO / "configs" / "quant" / "default.yaml")
+# plain values (no schema types), so a value of the wrong type reaches the quantiser's own checks
+QUANT_DEFAULTS = OmegaConf.create(OmegaConf.to_container(compose(["checkpoint=x.pt"], config_name="test").quant))
 
 
 def quant_cfg(**kw):

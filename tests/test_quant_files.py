@@ -25,10 +25,10 @@ from addernet.quant import (
 )
 from addernet.quant.qadder import _int_kernel
 
-from helpers import REPO, compose
+from helpers import compose
 
 QUANT = OmegaConf.merge(
-    OmegaConf.load(REPO / "configs" / "quant" / "default.yaml"), {"bits": 8, "groups": 4, "bn_recalib": False}
+    compose(["checkpoint=x.pt"], config_name="test").quant, {"bits": 8, "groups": 4, "bn_recalib": False}
 )
 CONFIG = {"model": {"name": "resnet20", "layer": "adder"}, "data": {"num_classes": 10, "in_channels": 3}}
 

@@ -16,9 +16,9 @@ from addernet.ops import Adder2d
 from addernet.quant import IntegerResNet, QAdder2d, inference_model, load_quantized, quantize_model, save_quantized
 from addernet.quant.quantizer import levels
 
-from helpers import CIFAR_SAMPLE, OFFICIAL_R20, REPO, SHARED, needs_shared
+from helpers import CIFAR_SAMPLE, OFFICIAL_R20, SHARED, compose, needs_shared
 
-QUANT_DEFAULTS = OmegaConf.load(REPO / "configs" / "quant" / "default.yaml")
+QUANT_DEFAULTS = compose(["checkpoint=x.pt"], config_name="test").quant
 
 
 def _images(n, seed):

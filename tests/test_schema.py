@@ -3,6 +3,7 @@ every entry point reports them in one line with exit 2, and test.py's stored con
 
 import copy
 import json
+import re
 import subprocess
 import sys
 
@@ -220,6 +221,45 @@ def test_the_configuration_reference_is_generated_from_the_schema():
     assert (REPO / "docs" / "configuration.md").read_text() == render(), (
         "docs/configuration.md is stale: python -m addernet.config.docs > docs/configuration.md"
     )
+
+
+def _reference_tables():
+    """(section title, header cells, rows of cells) of every table in docs/configuration.md."""
+    title, header, out = None, None, []
+    for line in (REPO / "docs" / "configuration.md").read_text().splitlines():
+        if line.startswith("## "):
+            title, header = line[3:], None
+        elif line.startswith("| key |"):
+            header = [c.strip() for c in line.strip("|").split("|")]
+            out.append((title, header, []))
+        elif line.startswith("| `") and header:
+            cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+            out[-1][2].append(cells)
+    return out
+
+
+def test_every_value_in_the_configuration_reference_is_what_hydra_composes():
+    """Each option's column holds what ``group=<option>`` composes to (an entry point's: what it composes to)."""
+    parser = OverridesParser.create()
+    tables = _reference_tables()
+    checked = 0
+    for title, header, rows in tables:
+        group = re.match(r"`(\w+)`: schema", title)
+        for column, option in enumerate(header[2:-1], start=2):
+            if group:
+                name = group.group(1)
+                cfg = compose([f"{name}={option}"], config_name="test" if name == "quant" else "train")
+                node = cfg.logger[option] if name == "logger" else cfg[name]
+            else:
+                node = compose([], config_name=option)
+            values = OmegaConf.to_container(node, resolve=False)
+            for cells in rows:
+                key, kind, cell = cells[0].strip("`"), cells[1], cells[column].strip("`")
+                if kind == "Any" and not group:
+                    continue  # an entry point's group: the option it chooses
+                assert parser.parse_override(f"x={cell}").value() == values[key], (title, option, key, cell)
+                checked += 1
+    assert checked > 200 and {t for t, _, _ in tables} >= {"`optim`: schema `adamw`", "`trainer`: schema `trainer`"}
 
 
 @pytest.mark.slow

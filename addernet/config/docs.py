@@ -1,28 +1,39 @@
-"""docs/configuration.md from the schema: ``python -m addernet.config.docs > docs/configuration.md``.
+"""docs/configuration.md from what Hydra composes: ``python -m addernet.config.docs > docs/configuration.md``.
 
-Every key of every group with its type, default and meaning (the field's trailing comment in schema.py),
-so the reference cannot drift from what Hydra checks; tests/test_schema.py fails when the file is stale.
+One table per schema class (addernet/config/schema.py): every key with its type and meaning (the field's trailing
+comment and the comment lines under it), and one column per YAML option of that schema holding the values
+``group=<option>`` composes to, as written (interpolations unresolved). The defaults therefore come from the
+schema and the options exactly as a run gets them; tests/test_schema.py fails when the file is stale and when a
+value in it differs from a fresh composition.
 """
 
 import dataclasses
 import re
 from pathlib import Path
 
-from omegaconf import MISSING
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
-from . import schema
+from . import config_dir, schema
 
 FIELD = re.compile(r"^    (\w+): .*?#\s*(.*)$")
+MORE = re.compile(r"^    #\s*(.*)$")
+ENTRY_GROUPS = {"quant": "test"}  # a group another entry point than train.yaml composes
 
 
 def meanings():
-    """{(class name, field name): the field's trailing comment}, read from schema.py."""
-    out, owner = {}, None
+    """{(class name, field name): the field's trailing comment and the comment lines right under it}."""
+    out, owner, last = {}, None, None
     for line in Path(schema.__file__).read_text().splitlines():
         if line.startswith("class "):
-            owner = line[6:].split("(")[0].split(":")[0]
+            owner, last = line[6:].split("(")[0].split(":")[0], None
         elif owner and (m := FIELD.match(line)):
-            out[(owner, m.group(1))] = m.group(2)
+            last = (owner, m.group(1))
+            out[last] = m.group(2)
+        elif last and (m := MORE.match(line)):
+            out[last] += " " + m.group(1)
+        else:
+            last = None
     return out
 
 
@@ -30,50 +41,90 @@ def _type(f):
     return re.sub(r"typing\.|<class '(\w+)'>", lambda m: m.group(1) or "", str(f.type)).replace("NoneType", "None")
 
 
-def _default(f):
-    value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    if value is MISSING:
-        return "(set by the option)"
-    return f"`{'null' if value is None else str(value).lower() if isinstance(value, bool) else value}`"
+def cell(value):
+    """A composed value as a table cell: the text a command line gives for it (Hydra's override syntax)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(cell(v) for v in value) + "]"
+    return str(value)
 
 
-def _rows(node, notes, inherited=()):
-    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+def options(group):
+    """The option names of configs/<group>/ (names starting with _ are blocks, not options)."""
+    return sorted(p.stem for p in Path(config_dir(), group).glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def composed(group, option):
+    """(schema class, {key: value as written}) of ``group=<option>`` (an entry point: ``option`` is its name)."""
+    if group is None:
+        cfg = compose(option, return_hydra_config=True)
+        node = OmegaConf.to_container(cfg, resolve=False)
+        values = {
+            k: cfg.hydra.runtime.choices.get(k, v) if isinstance(v, dict) or v is None else v
+            for k, v in node.items()
+            if k != "hydra"
+        }
+        return OmegaConf.get_type(cfg), values
+    cfg = compose(ENTRY_GROUPS.get(group, "train"), [f"{group}={option}"])
+    node = cfg[group][option] if group == "logger" else cfg[group]
+    return OmegaConf.get_type(node), OmegaConf.to_container(node, resolve=False)
+
+
+def _columns():
+    """{schema class: [(column name, {key: value})]} for every option of every group, and every entry point."""
+    out = {}
+    for group in dict.fromkeys(g for g, _, _, _ in schema.SCHEMAS if g is not None):
+        for option in options(group):
+            kind, values = composed(group, option)
+            out.setdefault(kind, []).append((option, values))
+    for group, name, node, _ in schema.SCHEMAS:
+        if group is None:
+            out[node] = [(name[1:], composed(None, name[1:])[1])]
+    return out
+
+
+def _table(node, columns, notes):
+    names = [name for name, _ in columns]
+    lines = [f"| key | type | {' | '.join(names)} | meaning |", "|---" * (len(names) + 3) + "|"]
     for f in dataclasses.fields(node):
-        if f.name in inherited:
-            continue
         owner = next(c.__name__ for c in node.__mro__ if (c.__name__, f.name) in notes)
-        meaning = notes[(owner, f.name)].replace("|", "\\|")  # a table cell
-        lines.append(f"| `{f.name}` | {_type(f)} | {_default(f)} | {meaning} |")
+        values = [f"`{cell(v[f.name])}`".replace("|", "\\|") if f.name in v else "" for _, v in columns]
+        meaning = notes[(owner, f.name)].replace("|", "\\|")
+        lines.append(f"| `{f.name}` | {_type(f)} | {' | '.join(values)} | {meaning} |")
     return lines
+
+
+INTRO = """# Configuration reference
+
+Generated by `python -m addernet.config.docs > docs/configuration.md` from what Hydra composes; do not edit by
+hand. Each schema (addernet/config/schema.py) declares its keys, types, defaults and meanings once; a YAML option
+(configs/<group>/<option>.yaml) names its schema in its defaults list and states only the values in which it
+differs (tests/test_declared_once.py). A column holds what `<group>=<option>` composes to, as a command line
+would write it (`???`: to be given; `${...}`: an interpolation, resolved when the run starts). Hydra refuses any
+other key and any value of another type (one line, exit 2). A value's own rule (a range, a choice) is checked
+with its field, by the schema class; the rules between keys (trainer.accumulate against each process's share of
+data.batch_size, trainer.precise_bn against the model's BatchNorm layers, sched.warmup_epochs against
+trainer.epochs, trainer.sync_bn on CPU, a task's rules on the model, ...) and the names a registry knows are
+checked once, before anything is built, by addernet.engine.config.check_config."""
 
 
 def render():
     notes = meanings()
-    out = [
-        "# Configuration reference",
-        "",
-        "Generated from addernet/config/schema.py by `python -m addernet.config.docs > docs/configuration.md`;",
-        "do not edit by hand. Hydra refuses any other key and any value of another type (one line, exit 2).",
-        "A YAML option (configs/<group>/<option>.yaml) names its schema first in its defaults list and sets",
-        "its own values; a preset (configs/experiment/) changes values only. The rules between keys (ranges,",
-        "trainer.accumulate against each process's share of data.batch_size, trainer.precise_bn against the",
-        "model's BatchNorm layers, trainer.sync_bn on CPU, augmentation with data.on_device, ...) are checked",
-        "once, before anything is built, by addernet.engine.config.check_config, which returns the typed",
-        "Settings a training run reads.",
-    ]
-    registered = {node for _, _, node, _ in schema.SCHEMAS}
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        columns = _columns()
+    out = [INTRO]
     for group, name, node, _ in schema.SCHEMAS:
-        title = f"Entry point schema `{name[1:]}`" if group is None else f"`{group}`: schema `{name[1:]}`"
-        base = node.__mro__[1] if node.__mro__[1] in registered else None  # listed above: only the new keys
-        inherited = {f.name for f in dataclasses.fields(base)} if base else set()
+        if node not in columns or not dataclasses.fields(node):
+            continue
+        title = f"Entry point `{name[1:]}`" if group is None else f"`{group}`: schema `{name[1:]}`"
         doc = (node.__doc__ or "").strip()
         out += ["", f"## {title}", ""]
         if doc and not doc.startswith(node.__name__ + "("):
-            out += [doc, ""]
-        if base:
-            out += [f"Extends {base.__name__}; its own keys:", ""]
-        out += _rows(node, notes, inherited)
+            out += [" ".join(doc.split()), ""]
+        out += _table(node, columns[node], notes)
     return "\n".join(out) + "\n"
 
 

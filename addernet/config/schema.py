@@ -1,15 +1,28 @@
-"""Every config group's keys, types and defaults, declared once as Hydra structured configs.
+"""Every config group's keys, types, defaults and value checks, declared once as Hydra structured configs.
 
-The YAML options under configs/ extend these (``defaults: [_<schema>]``), so Hydra itself refuses an
-unknown key or a value of the wrong type in any group, preset or command line. A field's trailing
-comment is its meaning: ``python -m addernet.config.docs`` turns them into docs/configuration.md.
+The YAML options under configs/ extend these (``defaults: [_<schema>]``) and state only the values in which
+they differ, so Hydra itself refuses an unknown key or a value of the wrong type in any group, preset or
+command line. A field's trailing comment is its meaning: ``python -m addernet.config.docs`` turns them,
+with the values each option composes to, into docs/configuration.md.
+
+A class's ``__post_init__`` checks the values of its own fields (ranges, choices, the rules among its own
+fields); it runs when ``OmegaConf.to_object`` turns a composed config into these classes, which the entry
+points do once, before anything is built (addernet.engine.config). The rules between groups, and the names
+looked up in a registry (optimizers, schedules, kernels, tasks, loggers), are checked there too.
 """
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
+import torch
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import II, MISSING, OmegaConf
+
+from ..checks import choice, number
+from ..errors import ConfigError
+
+AMP = ("off", "bf16", "fp16")  # trainer.amp: the autocast dtypes of addernet.forward
 
 
 def _list(*values):
@@ -27,6 +40,9 @@ class Model:
     name: str = MISSING  # a registered model (configs/model/)
     layer: str = "adder"  # adder | conv (the CNN twin of identical structure)
 
+    def __post_init__(self):
+        choice(self, "layer", "model.layer", ("adder", "conv"))
+
 
 @dataclass
 class TorchvisionModel(Model):
@@ -42,21 +58,22 @@ class TorchvisionModel(Model):
 @dataclass
 class LeNetModel(Model):
     adder_layers: str = "body"  # body: conv2 only (stem and classifier multiplicative) | all: every conv and fc
+    # (the paper's network, Sec. 4.1)
 
 
 @dataclass
 class ViTModel(Model):
-    image_size: int = MISSING  # input size (the data's, ${data.image_size})
+    image_size: int = II("data.image_size")  # input size (the data's)
     patch_size: int = 4  # must divide the image size
     width: int = 64  # embedding width
     depth: int = 4  # transformer blocks
     heads: int = 4  # attention heads
     mlp_ratio: float = 2.0  # MLP hidden width / width
-    scores: str = "l1"  # l1: -||q - k||_1 / tau | dot: q.k / tau
+    scores: str = "l1"  # l1: -||q - k||_1 / tau | dot: q.k / tau (this and below: our choices, docs/any_network.md)
     tau: Optional[float] = None  # score scale; null = sqrt(head dim)
-    identity: str = "add"  # add: attention map A + I | none
+    identity: str = "add"  # add: attention map A + I (the identity mapping) | none
     value: str = "product"  # product: A V | adder: -sum_j |A_ij - V_jc|
-    key_grad: str = "hardtanh"  # keys' gradient: hardtanh: HardTanh(q - k) | full: q - k
+    key_grad: str = "hardtanh"  # keys' gradient: hardtanh: HardTanh(q - k) | full: q - k (as an adder weight)
     proj: str = "adder"  # q, k, v, output projections: adder (AdderLinear + LayerNorm) | linear
     mlp: str = "adder"  # MLP layers: adder (AdderLinear + LayerNorm) | linear
 
@@ -86,6 +103,42 @@ class Data:
     on_device: bool = False  # true: the decoded split on the training device, augmented there (docs/gpu.md)
     skip_corrupt: bool = False  # true: skip unreadable image files (counted per epoch) instead of stopping
 
+    def __post_init__(self):
+        for key in ("batch_size", "num_classes", "in_channels"):
+            number(self, key, f"data.{key}", minimum=1, integer=True)
+        if self.num_workers != "auto":
+            number(self, "num_workers", "data.num_workers (or auto)", integer=True)
+        for key in ("mean", "std"):  # Normalize would fail deep inside the data loader instead
+            _check_channels(key, getattr(self, key), self.in_channels)
+        if number(self, "random_erasing", "data.random_erasing") > 1:
+            raise ConfigError(f"data.random_erasing is a probability in [0, 1] (0: off), got {self.random_erasing}.")
+        for key in ("mixup_alpha", "cutmix_alpha"):
+            number(self, key, f"data.{key} (0: off)")
+        augment = [f"data.{k}={getattr(self, k)}" for k in ("auto_augment", "random_erasing") if getattr(self, k)]
+        if self.on_device and augment:
+            raise ConfigError(
+                f"data.on_device=true implements the crop and flip of data.transform only, not "
+                f"{' '.join(augment)}; use data.on_device=false (the DataLoader path) for that augmentation."
+            )
+
+
+def _check_channels(key, values, channels):
+    """data.mean / data.std: one finite number per channel (std > 0)."""
+    if values is not None and len(values) != int(channels):
+        raise ConfigError(
+            f"data.{key} has {len(values)} value(s) but data.in_channels={channels}; "
+            f"give one per channel, e.g. data.{key}=[{','.join(['0.5'] * int(channels))}]."
+        )
+    ok = (lambda v: v > 0) if key == "std" else (lambda v: True)
+    if values is not None and not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v) for v in values
+    ):
+        raise ConfigError(
+            f"data.{key}={list(values)} must hold finite numbers"
+            f"{' > 0 (images are divided by it)' if key == 'std' else ''}"
+            f"; e.g. data.{key}=[{','.join(['0.5'] * len(values))}]."
+        )
+
 
 @dataclass
 class TorchvisionData(Data):
@@ -108,8 +161,12 @@ class TorchvisionFolderData(FolderData, TorchvisionData):
 @dataclass
 class Optim:
     name: str = MISSING  # sgd | adamw
-    lr: float = 0.1  # learning rate
-    weight_decay: float = 5.0e-4  # L2 weight decay
+    lr: float = 0.1  # learning rate (the paper's, Sec. 4.2)
+    weight_decay: float = 5.0e-4  # L2 weight decay on every parameter, BN included (the paper's CIFAR value)
+
+    def __post_init__(self):
+        number(self, "lr", "optim.lr", positive=True)
+        number(self, "weight_decay", "optim.weight_decay")
 
 
 @dataclass
@@ -117,11 +174,32 @@ class SGD(Optim):
     momentum: float = 0.9  # momentum
     nesterov: bool = False  # Nesterov momentum
 
+    def __post_init__(self):
+        super().__post_init__()
+        if number(self, "momentum", "optim.momentum") == 0 and self.nesterov:
+            raise ConfigError(
+                "optim.nesterov=true needs optim.momentum > 0 (Nesterov momentum without momentum "
+                "is undefined); set optim.momentum=0.9 or optim.nesterov=false."
+            )
+
 
 @dataclass
 class AdamW(Optim):
+    """AdamW (ours, not the paper's): its own learning rate and decoupled weight decay."""
+
+    lr: float = 1.0e-3  # learning rate
+    weight_decay: float = 0.05  # decoupled weight decay (torch.optim.AdamW)
     betas: List[float] = _list(0.9, 0.999)  # Adam's beta1, beta2
     eps: float = 1.0e-8  # Adam's epsilon
+
+    def __post_init__(self):
+        super().__post_init__()
+        betas = self.betas
+        if betas is None or len(betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in betas):
+            raise ConfigError(
+                f"optim.betas must be two numbers in [0, 1), got {betas!r}; e.g. optim.betas=[0.9,0.999]."
+            )
+        number(self, "eps", "optim.eps", positive=True)
 
 
 @dataclass
@@ -133,11 +211,23 @@ class Sched:
 class Cosine(Sched):
     eta_min: float = 0.0  # the learning rate at the end
 
+    def __post_init__(self):
+        number(self, "eta_min", "sched.eta_min")
+
 
 @dataclass
 class CosineWarmup(Cosine):
-    warmup_epochs: int = 5  # linear warm-up epochs
+    warmup_epochs: int = 5  # linear warm-up epochs (below trainer.epochs)
     warmup_start: float = 0.1  # the warm-up's first learning rate, as a fraction of optim.lr
+
+    def __post_init__(self):
+        super().__post_init__()
+        number(self, "warmup_epochs", "sched.warmup_epochs", integer=True)
+        if number(self, "warmup_start", "sched.warmup_start", positive=True) > 1:
+            raise ConfigError(
+                f"sched.warmup_start={self.warmup_start} must be in (0, 1]: the warm-up starts at optim.lr * "
+                f"sched.warmup_start and rises to optim.lr; e.g. sched.warmup_start=0.1."
+            )
 
 
 @dataclass
@@ -145,17 +235,38 @@ class MultiStep(Sched):
     milestones: List[int] = _list(200, 300)  # epochs where the learning rate is multiplied by gamma
     gamma: float = 0.1  # the factor
 
+    def __post_init__(self):
+        number(self, "gamma", "sched.gamma", positive=True)
+        milestones = self.milestones
+        if (
+            milestones is None
+            or not all(isinstance(m, int) and m >= 1 for m in milestones)
+            or list(milestones) != sorted(milestones)
+        ):
+            raise ConfigError(
+                f"sched.milestones must be increasing epoch numbers >= 1, got {milestones!r}; "
+                f"e.g. sched.milestones=[200,300]."
+            )
+
 
 @dataclass
 class Step(Sched):
     step_size: int = 30  # epochs between multiplications by gamma
     gamma: float = 0.1  # the factor
 
+    def __post_init__(self):
+        number(self, "gamma", "sched.gamma", positive=True)
+        number(self, "step_size", "sched.step_size", minimum=1, integer=True)
+
 
 @dataclass
 class AdaptiveLR:
-    enabled: bool = True  # the paper's adaptive learning rate of adder layers
-    eta: float = 0.2  # eta of eta * sqrt(k) / ||grad||
+    enabled: bool = True  # the paper's adaptive learning rate of adder layers (Eq. 12-13)
+    eta: float = 0.2  # eta of eta * sqrt(k) / ||grad|| (0.2: the official CIFAR code; the paper's ImageNet: 0.05)
+
+    def __post_init__(self):
+        if self.enabled:
+            number(self, "eta", "adaptive_lr.eta", positive=True)
 
 
 # ---- trainer ----
@@ -181,37 +292,114 @@ class Trainer:
     ema_decay: Optional[float] = None  # null: off | d in (0, 1): weight average e = d e + (1 - d) w after each step
     precise_bn: int = 0  # 0: off | N: re-estimate BatchNorm on N training batches before validating
 
+    def __post_init__(self):
+        number(self, "epochs", "trainer.epochs", minimum=1, integer=True)
+        choice(self, "amp", "trainer.amp", AMP)
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise ConfigError(f"trainer.device={self.device!r} is not valid; use auto, cpu, cuda or cuda:N.")
+        if number(self, "seed", "trainer.seed", integer=True) >= 2**32:  # seed + rank, seed + epoch: 64 bits
+            raise ConfigError(f"trainer.seed={self.seed} is too large; use an integer in [0, 2**32 - 1].")
+        number(self, "dist_timeout", "trainer.dist_timeout", positive=True)
+        for key in ("log_every", "hist_every", "accumulate"):
+            number(self, key, f"trainer.{key}", minimum=1, integer=True)
+        if self.clip_grad_norm is not None:
+            number(self, "clip_grad_norm", "trainer.clip_grad_norm (or null: off)", positive=True)
+        if self.ema_decay is not None:
+            if number(self, "ema_decay", "trainer.ema_decay (or null: off)", positive=True) >= 1:
+                raise ConfigError(f"trainer.ema_decay must be in (0, 1) (e.g. 0.999; null: off), got {self.ema_decay}.")
+        if isinstance(self.precise_bn, bool) or not isinstance(self.precise_bn, int) or self.precise_bn < 0:
+            raise ConfigError(
+                f"trainer.precise_bn must be a whole number of training batches (0: off), got {self.precise_bn!r}; "
+                f"e.g. trainer.precise_bn=16."
+            )
+
+    @property
+    def memory_format(self):
+        """The memory format of the model and its batches (trainer.channels_last)."""
+        return torch.channels_last if self.channels_last else torch.contiguous_format
+
 
 # ---- task ----
 @dataclass
 class Task:
     name: str = MISSING  # classification | kd | pkkd
-    label_smoothing: float = 0.0  # cross-entropy's label_smoothing (0: off)
+    label_smoothing: float = 0.0  # cross-entropy's label_smoothing (0: off); a distilled student's CE term only
+
+    def __post_init__(self):
+        if number(self, "label_smoothing", "task.label_smoothing") >= 1:
+            raise ConfigError(
+                f"task.label_smoothing must be in [0, 1) (0: off; 0.1 is the usual value), got {self.label_smoothing}."
+            )
+
+
+def _check_teacher(teacher, allowed=()):
+    if teacher in allowed:
+        return
+    if not isinstance(teacher, str) or not teacher.strip():
+        extra = "".join(f" or task.teacher={a}" for a in allowed)
+        raise ConfigError(
+            f"task.teacher is not set; give the teacher checkpoint: task.teacher=PATH{extra} (e.g. the "
+            f"CNN twin's <run dir>/checkpoints/best.pt)."
+        )
 
 
 @dataclass
 class KD(Task):
-    teacher: Optional[str] = None  # PATH: one of our checkpoints or a bare state_dict
+    teacher: Optional[str] = None  # PATH: one of our checkpoints (its stored config builds it) or a bare state_dict
     teacher_model: Optional[str] = None  # bare state_dict only: the teacher's model name (null: the student's)
-    teacher_layer: Optional[str] = None  # bare state_dict only: conv | adder
-    temperature: float = 4.0  # T > 0
-    alpha: float = 0.9  # weight of the distillation term, in [0, 1]
+    teacher_layer: Optional[str] = None  # bare state_dict only: conv | adder (official .adder files imply adder)
+    temperature: float = 4.0  # T > 0 (our default; the usual Hinton et al. value)
+    alpha: float = 0.9  # weight of the distillation term, in [0, 1] (our default)
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_teacher(self.teacher)
+        number(self, "temperature", "task.temperature", positive=True)
+        if number(self, "alpha", "task.alpha") > 1:
+            raise ConfigError(f"task.alpha must be in [0, 1] (the weight of the distillation term), got {self.alpha}.")
 
 
 @dataclass
 class PKKD(Task):
-    teacher: str = "cotrain"  # cotrain: the CNN twin, trained alongside | PATH: a frozen pretrained twin
-    teacher_loss: str = "ce"  # co-trained teacher's loss: ce | dml
-    kernel: bool = True  # true: Laplacian / Gaussian kernel maps | false: plain scale-normalised outputs
-    layers: Any = "all"  # all adder layers | stage_last | [names]
-    temperature: float = 1.0  # T of the logit term
-    kd_weight: float = 1.0  # weight of T^2 KL(teacher || student) in the student loss
+    """Every default is our choice where the paper's is unknown (docs/distillation.md, "Defaults")."""
+
+    teacher: str = "cotrain"  # cotrain: the CNN twin, fresh, trained alongside (progressive) | PATH: a frozen
+    # pretrained twin
+    teacher_loss: str = "ce"  # co-trained teacher's loss: ce | dml (ce + kd_weight * T^2 KL(student || teacher))
+    kernel: bool = True  # true: Laplacian (adder) / Gaussian (conv) kernel maps | false: plain scale-normalised outputs
+    layers: Any = "all"  # all adder layers | stage_last (last of each output resolution) | [names]
+    temperature: float = 1.0  # T of the logit term (a "small temperature")
+    kd_weight: float = 1.0  # weight of T^2 KL(teacher || student) in the student loss (CE has weight 1)
     feature_weight: float = 1.0  # weight of the mean over layers of mean (rho(g) - h)^2
-    sigma_scale: float = 1.0  # kernel width scale s
-    sigma_momentum: float = 0.1  # EMA momentum of the kernel widths' running means
-    rho_side: str = "student"  # the learned 1x1 map rho: student | teacher
+    sigma_scale: float = 1.0  # sigma_a = s * mean ||x - w||_1, 2 sigma_c^2 = s * mean ||x - w||^2 (running means)
+    sigma_momentum: float = 0.1  # EMA momentum of those running means (the first batch sets them)
+    rho_side: str = "student"  # the learned 1x1 map rho on the student's kernel maps (train-only) | teacher
     rho_init: str = "identity"  # identity | default (PyTorch's Conv2d init)
     rho_bias: bool = False  # rho has a bias
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_teacher(self.teacher, allowed=("cotrain",))
+        number(self, "temperature", "task.temperature", positive=True)
+        for key in ("kd_weight", "feature_weight"):
+            number(self, key, f"task.{key}")
+        number(self, "sigma_scale", "task.sigma_scale", positive=True)
+        if not 0 < number(self, "sigma_momentum", "task.sigma_momentum", positive=True) <= 1:
+            raise ConfigError(f"task.sigma_momentum must be in (0, 1], got {self.sigma_momentum}.")
+        choice(self, "teacher_loss", "task.teacher_loss", ("ce", "dml"))
+        choice(self, "rho_side", "task.rho_side", ("student", "teacher"))
+        choice(self, "rho_init", "task.rho_init", ("identity", "default"))
+        layers = self.layers
+        if not (layers in ("all", "stage_last") or isinstance(layers, (list, tuple)) and len(layers) > 0):
+            raise ConfigError(
+                f"task.layers={layers!r} is not valid; use all, stage_last or a list of adder layer "
+                f"names, e.g. task.layers=[layer3.2.conv2]."
+            )
+        if self.teacher != "cotrain" and self.teacher_loss != "ce":
+            raise ConfigError(
+                f"task.teacher_loss={self.teacher_loss} trains the teacher, but task.teacher="
+                f"{self.teacher} is frozen; use task.teacher=cotrain or task.teacher_loss=ce."
+            )
 
 
 # ---- logger ----
@@ -223,31 +411,41 @@ class TensorBoardLogger:
 @dataclass
 class MLflowLogger:
     tracking_uri: Optional[str] = None  # null: a local file store in <run dir>/mlruns | a server or file: URI
+    # (e.g. http://server:5000 or file:/shared/mlruns)
     experiment: str = "addernet"  # MLflow experiment
 
 
 @dataclass
 class WandbLogger:
-    mode: str = "offline"  # offline | online | disabled
+    mode: str = "offline"  # offline (sync later with `wandb sync <run dir>/wandb/offline-run-*`) | online | disabled
     project: str = "addernet"  # W&B project
 
 
 # ---- quant ----
 @dataclass
 class Quant:
-    bits: Optional[int] = None  # null: float model | 2..16 bits for weights and activations
-    groups: int = 4  # groups of filters per layer with their own shared scale
-    grouping: str = "kmeans"  # kmeans (exact 1-D, deterministic) | kmeans_sklearn (k-means++, seeded)
+    """Post-training quantisation (docs/quantization.md). [V]: as in the AdderQuant code; [ours]: our choice where
+    the paper and code leave it open or the code is buggy."""
+
+    bits: Optional[int] = None  # null: float model, no quantisation | 2..16 bits for weights and activations (W = A)
+    groups: int = 4  # groups of filters per layer with their own shared scale [V: G = 4 in the code]
+    grouping: str = "kmeans"  # kmeans: exact 1-D k-means on max|w| [ours, deterministic] | kmeans_sklearn:
+    # k-means++ [V], seeded
     calib_images: int = 25600  # training images for the activation ranges and the BN re-estimation
-    calib_batch_size: int = 128  # calibration batch (the per-batch quantile depends on it)
-    calib_augment: bool = False  # activation ranges on augmented (true) or validation-transformed images
-    act_quantile: float = 0.9994  # quantile of |x| per batch; A = max over batches
-    act_range_floor: float = 0.001  # A is at least this
-    bn_recalib: bool = True  # re-estimate BatchNorm with the quantised model
+    # [code: 202 x 128 = 25,856]
+    calib_batch_size: int = 128  # calibration batch [V: 128]; the per-batch quantile depends on it
+    calib_augment: bool = False  # activation ranges: false = validation transform on the training split [ours] |
+    # true = augmented [code]
+    act_quantile: float = 0.9994  # quantile of |x| per batch; A = max over batches [V: the code's 0.9997 applied twice]
+    act_range_floor: float = 0.001  # A is at least this [V]
+    bn_recalib: bool = True  # re-estimate BatchNorm with the quantised model [V: adjust_BN]
     bn_augment: bool = True  # ... on the calibration images with the training augmentation
-    bn_momentum: Optional[float] = None  # null: exact average over the calibration batches | EMA momentum
-    kernel: str = "auto"  # auto | int | fake
-    runtime: str = "auto"  # auto | integer | layers
+    # [V code; false costs ~2 pt, measured]
+    bn_momentum: Optional[float] = None  # null: exact average over the calibration batches [ours] | 0.1: the
+    # code's EMA (MindSpore 0.9)
+    kernel: str = "auto"  # auto: integer kernel on CPU, float fake-quant elsewhere | int | fake
+    runtime: str = "auto"  # auto: the integer network on CPU for CIFAR ResNets, else the layers | integer |
+    # layers [ours]
     seed: int = 0  # calibration subset (and kmeans_sklearn)
 
 

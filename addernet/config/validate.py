@@ -2,6 +2,7 @@
 
 Hydra refuses unknown keys and wrong types through the schema; ``+group.key=`` adds a key even to a
 structured config, so :func:`check_schema` refuses keys the schema does not declare after composing.
+:func:`as_schema` turns a composed node into its schema's dataclasses, which checks every value's own rule.
 :func:`one_line` turns Hydra's and OmegaConf's multi-line errors into ``<what> (did you mean <key>?)``.
 """
 
@@ -65,6 +66,21 @@ def check_schema(cfg, extra=None, path=""):
         child = cfg._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
             check_schema(child, extra, full)
+
+
+def as_schema(node, schema, path):
+    """``node`` as its schema's dataclasses (``OmegaConf.to_object``), which runs every value's own rule (the classes'
+    ``__post_init__``). A node composed without a schema (a checkpoint's stored group) is read as ``schema``, the
+    keys it does not declare left out. A value missing or of the wrong type: ConfigError in one line."""
+    try:
+        if schema is None or dataclasses.is_dataclass(OmegaConf.get_type(node)):
+            return OmegaConf.to_object(node)
+        names = {f.name for f in dataclasses.fields(schema)}
+        values = {k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k in names}
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values))
+    except OmegaConfBaseException as e:
+        message = one_line(e)
+        raise ConfigError(message if not path or message.startswith(path) else f"{path}.{message}") from None
 
 
 TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}

@@ -1,6 +1,6 @@
 """The engine: config checks, the epoch loop, the fit driver, resume, the run dir, outputs, meters, evaluation.
 
-config.py      check_config: every rule of a training config checked once, returning the typed Settings; the device
+config.py      check_config: a training config checked once, returning the typed config (the schema's classes)
 loop.py        one epoch of training steps, with host checks only every trainer.log_every steps
 step.py        one optimizer step: mixing, micro-batches, clipping, the step, the weight average
 parts.py       the run's parts, built in one phase from the checked config (the run dir's writes last), frozen

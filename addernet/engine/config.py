@@ -1,28 +1,25 @@
-"""Validation of the composed config, and the builders every entry point shares (device, model).
+"""The checks of a composed config, run once before anything is built, and the builders every entry point shares.
 
-``check_config`` (train.py) and ``check_eval_config`` (test.py) run before anything is built, so a
-bad value stops with one message naming the key and the fix instead of failing deep inside. Every rule
-of a training config, those between keys included, is checked there once: ``check_config`` returns the
-typed, frozen ``Settings`` the run reads, and nothing after it checks a setting again.
+``check_config`` (train.py) and ``check_eval_config`` (test.py) stop a bad value with one message naming the
+key and the fix instead of a failure deep inside. A value's own rule sits with its field in the schema
+(addernet/config/schema.py, each class's ``__post_init__``, run by ``OmegaConf.to_object``); here, once, are
+the rules that need more than one group or what the process sees: the names each registry knows (optimizer,
+schedule, adder kernels, augmentation, loggers, the task), the device, the model against the data, the
+training rules on the batch, and the task's own rules (``TrainingTask.check_config``).
 """
-
-import dataclasses
-import math
-from typing import Optional
 
 import torch
 
 from .. import distributed as dist
 from ..checks import choice, number
-from ..config.validate import check_schema
+from ..config.schema import Data, Model, Trainer
+from ..config.validate import as_schema, check_schema
 from ..data.transforms import AUTO_AUGMENT
 from ..errors import ConfigError
-from ..forward import AMP_DTYPES
 from ..models import model_from_config
 from ..ops import BACKENDS
-from ..optim import check_optim, check_sched
-from ..tasks import task_class
-from .ema import check_ema_decay
+from ..optim import OPTIMIZERS, SCHEDULERS, check_name
+from ..tasks import Student, task_class
 from .precise_bn import check_precise_bn
 from .trackers import selected
 
@@ -40,139 +37,59 @@ def check_eval_config(cfg):
     """The groups evaluation needs: model, data, trainer (device, amp); returns the model cfg builds, on the meta
     device (its shapes checked against the data)."""
     _groups(cfg, EVAL_GROUPS, "test")
-    for key in ("batch_size", "num_classes", "in_channels"):
-        number(cfg.data, key, f"data.{key}", minimum=1, integer=True)
-    if cfg.data.num_workers != "auto":
-        number(cfg.data, "num_workers", "data.num_workers (or auto)", integer=True)
-    for key in ("mean", "std"):  # Normalize would fail deep inside the data loader instead
-        values = cfg.data[key]
-        if values is not None and len(values) != int(cfg.data.in_channels):
-            raise ConfigError(
-                f"data.{key} has {len(values)} value(s) but data.in_channels={cfg.data.in_channels}; "
-                f"give one per channel, e.g. data.{key}=[{','.join(['0.5'] * int(cfg.data.in_channels))}]."
-            )
-        ok = (lambda v: v > 0) if key == "std" else (lambda v: True)
-        if values is not None and not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and ok(v) for v in values
-        ):
-            raise ConfigError(
-                f"data.{key}={list(values)} must hold finite numbers"
-                f"{' > 0 (images are divided by it)' if key == 'std' else ''}"
-                f"; e.g. data.{key}=[{','.join(['0.5'] * len(values))}]."
-            )
-    choice(cfg.trainer, "amp", "trainer.amp", tuple(AMP_DTYPES))
-    choice(cfg.model, "layer", "model.layer", ("adder", "conv"))
-    device = str(cfg.trainer.device)
-    if device not in ("auto", "cpu") and not device.startswith("cuda"):
-        raise ConfigError(f"trainer.device={device!r} is not valid; use auto, cpu, cuda or cuda:N.")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"trainer.device={device} but CUDA is not available here; use trainer.device=cpu (or auto).")
+    for group, schema in (("data", Data), ("model", Model), ("trainer", Trainer)):
+        as_schema(cfg[group], schema, group)  # the values' own rules (a checkpoint's stored group has no schema)
+    _check_device(str(cfg.trainer.device))
     return check_input_size(cfg)
 
 
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """The values a training run reads, checked together by ``check_config`` and typed once."""
-
-    seed: int
-    epochs: int
-    device: str  # auto | cpu | cuda | cuda:N
-    amp: str  # off | bf16 | fp16
-    channels_last: bool
-    backend: str  # the adder kernels: fast | eager | reference
-    compile: bool
-    deterministic: bool
-    sync_bn: bool
-    dist_timeout: float  # seconds
-    log_every: int
-    hist_every: int
-    progress: bool
-    accumulate: int  # micro-batches per optimizer step
-    clip_grad_norm: Optional[float]  # None: off
-    ema_decay: Optional[float]  # None: off
-    precise_bn: int  # 0: off
-    adaptive_eta: Optional[float]  # None: the adaptive learning rate is off
-    batch_size: int  # the global batch
-
-    @property
-    def memory_format(self):
-        return torch.channels_last if self.channels_last else torch.contiguous_format
+def _check_device(device):
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={device} but CUDA is not available here; use trainer.device=cpu (or auto).")
 
 
 def check_config(cfg, world=None):
-    """Check every rule of a training config once, cross-field ones included; returns its typed Settings.
+    """Check a training config once: every value (the schema's classes), every name a registry resolves, every
+    rule between keys, the task's own included. Returns the typed config (``OmegaConf.to_object``: the schema's
+    dataclasses), which the run reads.
 
     ``world``: the number of processes (default: what torchrun or SLURM announced), for the rules on each
     process's share of the batch. The messages say which override fixes what.
     """
     _groups(cfg, TRAIN_GROUPS, "train")
-    check_schema(cfg, {"task": getattr(task_class(cfg.task.name), "config_keys", ())})
-    trainer = _trainer(cfg.trainer)
-    model = check_eval_config(cfg)
-    batch_size = _train_data(cfg.data)
-    check_optim(cfg.optim)
-    check_sched(cfg.sched, trainer["epochs"])
-    if cfg.adaptive_lr.enabled:
-        number(cfg.adaptive_lr, "eta", "adaptive_lr.eta", positive=True)
-    if "label_smoothing" in cfg.task and number(cfg.task, "label_smoothing", "task.label_smoothing") >= 1:
+    task = task_class(cfg.task.name)
+    check_schema(cfg, {"task": getattr(task, "config_keys", ())})
+    typed = as_schema(cfg, None, "")  # every value's own rule
+    _check_names(cfg)
+    _check_device(typed.trainer.device)
+    model = check_input_size(cfg)
+    trainer, batch_size = typed.trainer, typed.data.batch_size
+    # BatchNorm in training mode needs 2 samples per process and batch (the loader checks the per-process share)
+    number(cfg.data, "batch_size", "data.batch_size", minimum=2, integer=True)
+    if "warmup_epochs" in cfg.sched and typed.sched.warmup_epochs >= trainer.epochs:
         raise ConfigError(
-            f"task.label_smoothing must be in [0, 1) (0: off; 0.1 is the usual value), got {cfg.task.label_smoothing}."
+            f"sched.warmup_epochs={typed.sched.warmup_epochs} must be below trainer.epochs={trainer.epochs}."
         )
-    selected(cfg)  # the logger group's names
-    check_precise_bn(trainer["precise_bn"], model, f"model={cfg.model.name}")
+    check_precise_bn(trainer.precise_bn, model, f"model={cfg.model.name}")
     world = dist.env_world_size() if world is None else int(world)
-    check_accumulate(trainer["accumulate"], batch_size, world)
-    if trainer["sync_bn"] and world > 1 and device_type(cfg) == "cpu":
+    check_accumulate(trainer.accumulate, batch_size, world)
+    if trainer.sync_bn and world > 1 and device_type(cfg) == "cpu":
         raise ConfigError(
             "trainer.sync_bn=true needs CUDA (torch's SyncBatchNorm does not run on CPU); "
             "use trainer.sync_bn=false for CPU runs."
         )
-    eta = float(cfg.adaptive_lr.eta) if cfg.adaptive_lr.enabled else None
-    return Settings(**trainer, adaptive_eta=eta, batch_size=batch_size)
+    task.check_config(cfg.task, Student.from_config(cfg))
+    return typed
 
 
-def _trainer(t):
-    """The trainer group's values, each checked and typed (trainer.amp and trainer.device: check_eval_config)."""
-    seed = number(t, "seed", "trainer.seed", integer=True)
-    if seed >= 2**32:  # torch's and the sampler's seeds (seed + rank, seed + epoch) must fit 64 bits
-        raise ConfigError(f"trainer.seed={seed} is too large; use an integer in [0, 2**32 - 1].")
-    clip = t.clip_grad_norm
-    if clip is not None:
-        clip = float(number(t, "clip_grad_norm", "trainer.clip_grad_norm (or null: off)", positive=True))
-    return dict(
-        seed=seed,
-        epochs=number(t, "epochs", "trainer.epochs", minimum=1, integer=True),
-        log_every=number(t, "log_every", "trainer.log_every", minimum=1, integer=True),
-        hist_every=number(t, "hist_every", "trainer.hist_every", minimum=1, integer=True),
-        dist_timeout=float(number(t, "dist_timeout", "trainer.dist_timeout", positive=True)),
-        clip_grad_norm=clip,
-        ema_decay=check_ema_decay(t),
-        precise_bn=check_precise_bn(t.precise_bn),
-        accumulate=number(t, "accumulate", "trainer.accumulate", minimum=1, integer=True),
-        backend=choice(t, "backend", "trainer.backend (or the ADDERNET_BACKEND variable)", tuple(BACKENDS)),
-        device=str(t.device),
-        amp=str(t.amp),
-        **{k: bool(t[k]) for k in ("channels_last", "compile", "deterministic", "sync_bn", "progress")},
-    )
-
-
-def _train_data(d):
-    """The data group's training rules (augmentation, mixing, on-device data); returns data.batch_size."""
-    # BatchNorm in training mode needs 2 samples per process and batch (the loader checks the per-process share)
-    batch_size = number(d, "batch_size", "data.batch_size", minimum=2, integer=True)
-    if d.auto_augment is not None:
-        choice(d, "auto_augment", "data.auto_augment (or null: off)", AUTO_AUGMENT)
-    if number(d, "random_erasing", "data.random_erasing") > 1:
-        raise ConfigError(f"data.random_erasing is a probability in [0, 1] (0: off), got {d.random_erasing}.")
-    for key in ("mixup_alpha", "cutmix_alpha"):
-        number(d, key, f"data.{key} (0: off)")
-    augment = [f"data.{k}={d[k]}" for k in ("auto_augment", "random_erasing") if d[k]]
-    if d.on_device and augment:
-        raise ConfigError(
-            f"data.on_device=true implements the crop and flip of data.transform only, not "
-            f"{' '.join(augment)}; use data.on_device=false (the DataLoader path) for that augmentation."
-        )
-    return batch_size
+def _check_names(cfg):
+    """The names a registry resolves: optimizer, schedule, adder kernels, augmentation, loggers."""
+    check_name(cfg.optim, "optim", OPTIMIZERS)
+    check_name(cfg.sched, "sched", SCHEDULERS)
+    choice(cfg.trainer, "backend", "trainer.backend (or the ADDERNET_BACKEND variable)", tuple(BACKENDS))
+    if cfg.data.auto_augment is not None:
+        choice(cfg.data, "auto_augment", "data.auto_augment (or null: off)", AUTO_AUGMENT)
+    selected(cfg)
 
 
 def check_accumulate(accumulate, batch_size, world):

@@ -8,18 +8,7 @@ the step count ``n_averaged`` included), restored on resume, and evaluated by ``
 
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
-from ..checks import number
-from ..errors import CheckpointError, ConfigError
-
-
-def check_ema_decay(trainer_cfg):
-    """trainer.ema_decay: null (off) or a number in (0, 1); returns it as a float (None: off)."""
-    if trainer_cfg.ema_decay is None:
-        return None
-    decay = number(trainer_cfg, "ema_decay", "trainer.ema_decay (or null: off)", positive=True)
-    if decay >= 1:
-        raise ConfigError(f"trainer.ema_decay must be in (0, 1) (e.g. 0.999; null: off), got {decay}.")
-    return float(decay)
+from ..errors import CheckpointError
 
 
 class WeightEMA:

@@ -51,18 +51,19 @@ def train(cfg, run_dir):
 
 
 def _train(cfg, run_dir):
-    settings = check_config(cfg)
-    if settings.deterministic:
+    typed = check_config(cfg)
+    trainer = typed.trainer
+    if trainer.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
-    timeout = settings.dist_timeout
+    timeout = trainer.dist_timeout
     device = dist.init_distributed(device_type(cfg), timeout)
-    if settings.device.startswith("cuda:") and not dist.is_distributed():
-        device = torch.device(settings.device)
+    if trainer.device.startswith("cuda:") and not dist.is_distributed():
+        device = torch.device(trainer.device)
     try:
         run_dir = _shared_run_dir(run_dir)
         lock, stale = _guard(run_dir)
         try:
-            return _run(cfg, settings, run_dir, device, stale)
+            return _run(cfg, typed, run_dir, device, stale)
         finally:
             if lock is not None:
                 lock.close()  # releases the run dir
@@ -75,7 +76,7 @@ def _train(cfg, run_dir):
         dist.cleanup()
 
 
-def _run(cfg, settings, run_dir, device, stale):
+def _run(cfg, typed, run_dir, device, stale):
     """Build the run and fit it, with the stop signals caught (from the first moment) and train.log open."""
     stop = StopFlag()
     old_handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -83,8 +84,8 @@ def _run(cfg, settings, run_dir, device, stale):
     try:
         if stale:
             log.info("removed %d temporary file(s) of an interrupted write: %s", len(stale), ", ".join(stale))
-        with logging_redirect_tqdm(loggers=[logging.getLogger("addernet")]), use_backend(settings.backend):
-            return Run(build(cfg, settings, run_dir, device), stop).fit()
+        with logging_redirect_tqdm(loggers=[logging.getLogger("addernet")]), use_backend(typed.trainer.backend):
+            return Run(build(cfg, typed, run_dir, device), stop).fit()
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
@@ -133,7 +134,7 @@ class Run:
         return self.parts.ckpt_dir
 
     def fit(self):
-        for epoch in range(self.state["epoch"], self.parts.settings.epochs):
+        for epoch in range(self.state["epoch"], self.parts.trainer.epochs):
             self.run_epoch(epoch)
         return self.finish()
 
@@ -168,7 +169,7 @@ class Run:
         seen, seconds = self.train_steps(epoch)
         train = self.sums.all_reduce().compute()
         bn_seconds = self.precise_bn()
-        val = evaluate(p.task.net, p.val_loader, p.device, amp=p.settings.amp, channels_last=p.settings.channels_last)
+        val = evaluate(p.task.net, p.val_loader, p.device, amp=p.trainer.amp, channels_last=p.trainer.channels_last)
         record = {
             "epoch": epoch + 1,
             "lr": lr,
@@ -207,7 +208,7 @@ class Run:
         if not start_step:
             self.sums = MetricSums(p.device)
         take_skipped(p.train_loader)
-        shared = {k: getattr(p.settings, k) for k in ("epochs", "seed", "memory_format", "log_every", "progress")}
+        shared = {k: getattr(p.trainer, k) for k in ("epochs", "seed", "memory_format", "log_every", "progress")}
         settings = LoopSettings(p.device, rank=p.rank, world=p.world, last_good=self.last_good(), **shared)
         rng, self.pending_rng = self.pending_rng, None
         return train_epoch(
@@ -217,16 +218,16 @@ class Run:
     def precise_bn(self):
         """Seconds spent re-estimating the BatchNorm statistics (trainer.precise_bn), None when it is off."""
         p = self.parts
-        if not p.settings.precise_bn:
+        if not p.trainer.precise_bn:
             return None
         return precise_bn(
             p.model,
             p.train_loader,
-            p.settings.precise_bn,
+            p.trainer.precise_bn,
             p.device,
-            p.settings.amp,
-            p.settings.memory_format,
-            progress=p.main and p.settings.progress,
+            p.trainer.amp,
+            p.trainer.memory_format,
+            progress=p.main and p.trainer.progress,
         )
 
     def validate_others(self):
@@ -234,7 +235,7 @@ class Run:
         p, out = self.parts, {}
         models = dict(p.task.eval_models(), **({"ema": p.ema.module} if p.ema is not None else {}))
         for name, model in models.items():
-            val = evaluate(model, p.val_loader, p.device, amp=p.settings.amp, channels_last=p.settings.channels_last)
+            val = evaluate(model, p.val_loader, p.device, amp=p.trainer.amp, channels_last=p.trainer.channels_last)
             out.update({f"{name}_val_{k}": val[k] for k in ("loss", "top1", "top5")})
         return out
 
@@ -257,7 +258,7 @@ class Run:
         s["history"].append(record)
         self.log_epoch(record)
         if p.main:
-            every, epochs = p.settings.hist_every, p.settings.epochs
+            every, epochs = p.trainer.hist_every, p.trainer.epochs
             p.outputs.write_epoch(
                 record,
                 p.adaptive.alphas if p.adaptive else {},
@@ -269,7 +270,7 @@ class Run:
                 save_checkpoint(final, os.path.join(self.ckpt_dir, "best.pt"))
             save_checkpoint(final, os.path.join(self.ckpt_dir, "last.pt"))
         dist.barrier()
-        if epoch + 1 < p.settings.epochs and dist.any_rank(self.stop.requested, p.device):
+        if epoch + 1 < p.trainer.epochs and dist.any_rank(self.stop.requested, p.device):
             p.outputs.close()
             raise self.stop.error(f"stopped by {self.stop.name} after epoch {epoch + 1}; {self.resume_hint()}")
 
@@ -280,7 +281,7 @@ class Run:
             "epoch %d/%d lr %.5f | train loss %.4f top1 %.2f | val loss %.4f top1 %.2f top5 %.2f (n=%d) | "
             "%.1fs %.0f img/s | best %.2f @%d%s",
             record["epoch"],
-            self.parts.settings.epochs,
+            self.parts.trainer.epochs,
             record["lr"],
             record["train_loss"],
             record["train_top1"],

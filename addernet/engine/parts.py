@@ -1,10 +1,10 @@
-"""The parts of a training run, built in one phase: ``build(cfg, settings, run_dir, device)`` returns them frozen.
+"""The parts of a training run, built in one phase: ``build(cfg, typed, run_dir, device)`` returns them frozen.
 
-``settings`` is what ``config.check_config`` returned: every rule of the config is checked there, once, and
-the parts read its typed values. What else can refuse the launch runs first (the resume choice, data, the
-checkpoint restore and its config comparison, the trackers' packages); only then are the run dir's files
-written (config.yaml, run.json, metrics.jsonl, TensorBoard, trackers). So a launch that fails leaves an
-existing run dir's files as they were (docs/reliability.md).
+``typed`` is what ``config.check_config`` returned: every rule of the config is checked there, once, and the
+parts read its typed values (the schema's dataclasses). What else can refuse the launch runs first (the resume
+choice, data, the checkpoint restore and its config comparison, the trackers' packages); only then are the run
+dir's files written (config.yaml, run.json, metrics.jsonl, TensorBoard, trackers). So a launch that fails leaves
+an existing run dir's files as they were (docs/reliability.md).
 """
 
 import dataclasses
@@ -18,13 +18,13 @@ from omegaconf import OmegaConf
 
 from .. import distributed as dist
 from ..compile import compile_model
+from ..config.schema import Trainer
 from ..data import build_dataset, build_loader, check_classes, class_names, num_workers
 from ..data.mix import build_mix
 from ..models import model_from_config, model_label
 from ..ops import kernel_in_use
 from ..optim import AdaptiveLR, build_optimizer, build_scheduler
 from ..tasks import build_task
-from .config import Settings
 from .ema import WeightEMA
 from .meters import MetricSums
 from .outputs import RunOutputs, write_config, write_facts
@@ -51,7 +51,7 @@ class Parts:
 
     cfg: object  # the composed config, data.num_workers=auto replaced by the number used
     resolved: dict  # cfg as plain values: what config.yaml and every checkpoint record
-    settings: Settings
+    trainer: Trainer  # the typed trainer group (addernet/config/schema.py)
     run_dir: str
     device: torch.device
     rank: int
@@ -77,29 +77,30 @@ class Parts:
         return os.path.join(self.run_dir, "checkpoints")
 
 
-def build(cfg, settings, run_dir, device):
-    """The run's Parts from the checked ``cfg`` and its Settings: the resume first, the run dir's writes last
-    (rank 0)."""
+def build(cfg, typed, run_dir, device):
+    """The run's Parts from the checked ``cfg`` and its typed form (check_config's): the resume first, the run
+    dir's writes last (rank 0)."""
+    trainer = typed.trainer
     if cfg.data.num_workers == "auto":  # recorded as the number used (it changes the augmentation stream)
         cfg = OmegaConf.merge(cfg, {"data": {"num_workers": num_workers(cfg.data)}})  # a copy
     rank, world = dist.get_rank(), dist.get_world_size()
-    _seed(settings.deterministic, settings.seed + rank)
+    _seed(trainer.deterministic, trainer.seed + rank)
     kernel = kernel_in_use(device)
     log.info(
         "run dir %s | %d process(es) | device %s | amp %s | adder backend %s (%s kernel)",
-        *(run_dir, world, device, settings.amp, settings.backend, kernel),
+        *(run_dir, world, device, trainer.amp, trainer.backend, kernel),
     )
     path = resume_path(cfg, run_dir, os.path.join(run_dir, "checkpoints"))  # refuses to overwrite a history
-    model = _model(cfg, device, settings)
+    model = _model(cfg, device, trainer)
     task = build_task(model, cfg)
-    task.to(device=device, memory_format=settings.memory_format)  # its own modules (a teacher, a head)
-    task.amp = settings.amp
-    classes, train_loader, val_loader = _data(cfg, device, rank, world, settings.seed)
+    task.to(device=device, memory_format=trainer.memory_format)  # its own modules (a teacher, a head)
+    task.amp = trainer.amp
+    classes, train_loader, val_loader = _data(cfg, device, rank, world, trainer.seed)
     optimizer = build_optimizer(cfg.optim, task.param_groups())
     parts = dict(
         cfg=cfg,
         resolved=OmegaConf.to_container(cfg, resolve=True),
-        settings=settings,
+        trainer=trainer,
         run_dir=run_dir,
         device=device,
         rank=rank,
@@ -110,7 +111,7 @@ def build(cfg, settings, run_dir, device):
         classes=classes,
         train_loader=train_loader,
         val_loader=val_loader,
-        **_optimization(cfg, model, task, optimizer, device, settings),
+        **_optimization(cfg, typed, model, task, optimizer, device),
     )
     parts["start"], parts["scheduler"] = _start(path, parts)  # refuses a different model, before any write
     if parts["main"]:
@@ -127,14 +128,14 @@ def _seed(deterministic, seed):
     random.seed(seed)
 
 
-def _model(cfg, device, settings):
+def _model(cfg, device, trainer):
     """The model on ``device`` (SyncBatchNorm, torch.compile as configured)."""
     model = model_from_config(cfg)
-    if settings.sync_bn and dist.is_distributed():
+    if trainer.sync_bn and dist.is_distributed():
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     log.info("model %s: %d parameters", model_label(cfg.model), sum(p.numel() for p in model.parameters()))
-    model = model.to(device=device, memory_format=settings.memory_format)
-    return compile_model(model, settings.compile)
+    model = model.to(device=device, memory_format=trainer.memory_format)
+    return compile_model(model, trainer.compile)
 
 
 def _data(cfg, device, rank, world, seed):
@@ -158,18 +159,19 @@ def _data(cfg, device, rank, world, seed):
     return classes, train_loader, val_loader
 
 
-def _optimization(cfg, model, task, optimizer, device, settings):
+def _optimization(cfg, typed, model, task, optimizer, device):
     """Schedule, scaler, adaptive LR, DDP wrapping, weight average and the stepper, as a dict of Parts fields."""
-    scheduler = build_scheduler(cfg.sched, optimizer, settings.epochs)
-    scaler = torch.amp.GradScaler(device.type, enabled=settings.amp == "fp16")
-    eta = settings.adaptive_eta
+    trainer = typed.trainer
+    scheduler = build_scheduler(cfg.sched, optimizer, trainer.epochs)
+    scaler = torch.amp.GradScaler(device.type, enabled=trainer.amp == "fp16")
+    eta = typed.adaptive_lr.eta if typed.adaptive_lr.enabled else None
     adaptive = AdaptiveLR(model, eta).attach(optimizer) if eta is not None else None
     if dist.is_distributed():
         ids = [device.index] if device.type == "cuda" else None
         task.distribute(lambda m: nn.parallel.DistributedDataParallel(m, device_ids=ids))
-    ema = WeightEMA(model, settings.ema_decay) if settings.ema_decay is not None else None
+    ema = WeightEMA(model, trainer.ema_decay) if trainer.ema_decay is not None else None
     mix = build_mix(cfg.data)
-    stepper = Stepper(task, optimizer, scaler, adaptive, settings.accumulate, settings.clip_grad_norm, ema, mix)
+    stepper = Stepper(task, optimizer, scaler, adaptive, trainer.accumulate, trainer.clip_grad_norm, ema, mix)
     return dict(optimizer=optimizer, scheduler=scheduler, scaler=scaler, adaptive=adaptive, ema=ema, stepper=stepper)
 
 
@@ -212,17 +214,17 @@ def _write_outputs(p, kernel):
 
 
 def _hparams(p):
-    cfg, s = p["cfg"], p["settings"]
+    cfg, s = p["cfg"], p["trainer"]
     return {
         "model": cfg.model.name,
         "layer": cfg.model.layer,
         "data": cfg.data.name,
         "task": cfg.task.name,
         "epochs": s.epochs,
-        "batch_size": s.batch_size,
+        "batch_size": cfg.data.batch_size,
         "lr": float(cfg.optim.lr),
         "weight_decay": float(cfg.optim.weight_decay),
-        "adaptive_lr": s.adaptive_eta is not None,
+        "adaptive_lr": cfg.adaptive_lr.enabled,
         "eta": float(cfg.adaptive_lr.eta),
         "amp": s.amp,
         "seed": s.seed,

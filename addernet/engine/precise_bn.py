@@ -25,20 +25,14 @@ def has_batchnorm(model):
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
-def check_precise_bn(batches, model=None, what="the model"):
-    """ConfigError unless ``batches`` (trainer.precise_bn) is a whole number >= 0, and, given ``model``, unless
-    the model has a BatchNorm layer for it to re-estimate (a setting that would do nothing is refused)."""
-    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
-        raise ConfigError(
-            f"trainer.precise_bn must be a whole number of training batches (0: off), got {batches!r}; "
-            f"e.g. trainer.precise_bn=16."
-        )
-    if batches and model is not None and not has_batchnorm(model):
+def check_precise_bn(batches, model, what="the model"):
+    """ConfigError when trainer.precise_bn asks to re-estimate BatchNorm statistics of a model that has no
+    BatchNorm layer (a setting that would do nothing is refused)."""
+    if batches and not has_batchnorm(model):
         raise ConfigError(
             f"trainer.precise_bn={batches} re-estimates BatchNorm statistics, but {what} has no BatchNorm "
             f"layer, so it would do nothing; use trainer.precise_bn=0 with this model."
         )
-    return batches
 
 
 def precise_bn(model, loader, batches, device, amp="off", memory_format=torch.contiguous_format, progress=False):

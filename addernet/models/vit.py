@@ -16,6 +16,7 @@ import math
 import torch
 import torch.nn as nn
 
+from ..config.schema import ViTModel as S
 from ..errors import ConfigError
 from .attention import AdderAttention, projection
 from .registry import register_model
@@ -68,24 +69,25 @@ def _positive(name, v):
 
 @register_model("vit")
 def vit(
-    layer="adder",
+    layer=S.layer,
     num_classes=10,
     in_channels=3,
     image_size=32,
-    patch_size=4,
-    width=64,
-    depth=4,
-    heads=4,
-    mlp_ratio=2.0,
-    scores="l1",
-    tau=None,
-    identity="add",
-    value="product",
-    key_grad="hardtanh",
-    proj="adder",
-    mlp="adder",
+    patch_size=S.patch_size,
+    width=S.width,
+    depth=S.depth,
+    heads=S.heads,
+    mlp_ratio=S.mlp_ratio,
+    scores=S.scores,
+    tau=S.tau,
+    identity=S.identity,
+    value=S.value,
+    key_grad=S.key_grad,
+    proj=S.proj,
+    mlp=S.mlp,
 ):
-    """The ViT of this module; see the module docstring for what `layer` and the switches select."""
+    """The ViT of this module; see the module docstring for what `layer` and the switches select (their defaults:
+    the model=vit schema's, addernet/config/schema.py; image_size: the data's in a run, 32 here)."""
     for name, v in (
         ("image_size", image_size),
         ("patch_size", patch_size),

@@ -44,10 +44,9 @@ def task_class(name):
 
 
 def build_task(model, cfg):
-    """The task of ``cfg.task`` around ``model`` (validated first), told what it needs of cfg.model and cfg.data."""
-    cls, student = task_class(cfg.task.name), Student.from_config(cfg)
-    cls.check_config(cfg.task, student)
-    return cls(model, cfg.task, student)
+    """The task of ``cfg.task`` around ``model``, told what it needs of cfg.model and cfg.data (``cfg`` checked by
+    addernet.engine.check_config, which runs the task's own ``check_config`` too)."""
+    return task_class(cfg.task.name)(model, cfg.task, Student.from_config(cfg))
 
 
 __all__ = [

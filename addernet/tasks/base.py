@@ -84,7 +84,9 @@ class TrainingTask(nn.Module):
 
     @classmethod
     def check_config(cls, cfg, student):
-        """Validate ``cfg`` (the task node) before anything is built; raise ConfigError naming the key."""
+        """The task's own rules between its keys and the student's (``student``: model and data), before anything is
+        built; raise ConfigError naming the key. A value's own rule sits with its field in the task's schema class
+        (addernet/config/schema.py). Called once, by addernet.engine.check_config."""
 
     def extra_modules(self):
         """name -> nn.Module owned by the task (state saved in checkpoints under ``task``): its submodules."""

@@ -15,9 +15,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from ..checks import number
 from ..data.mix import hard_labels
-from ..errors import ConfigError
 from ..forward import logits_and_loss
 from .base import TrainingTask, register_task
 from .teacher import load_teacher
@@ -45,33 +43,9 @@ def batch_top1(logits, target):
     return (logits.argmax(1) == hard_labels(target)).float().mean() * 100
 
 
-def check_temperature(cfg):
-    number(cfg, "temperature", "task.temperature", positive=True)
-
-
-def check_teacher_path(cfg, allowed=()):
-    teacher = cfg.get("teacher")
-    if teacher in allowed:
-        return
-    if not isinstance(teacher, str) or not teacher.strip():
-        extra = "".join(f" or task.teacher={a}" for a in allowed)
-        raise ConfigError(
-            f"task.teacher is not set; give the teacher checkpoint: task.teacher=PATH{extra} (e.g. the "
-            f"CNN twin's <run dir>/checkpoints/best.pt)."
-        )
-
-
 @register_task("kd")
 class KDTask(TrainingTask):
     """Student trained on (1 - alpha) CE + alpha T^2 KL to a frozen teacher's logits."""
-
-    @classmethod
-    def check_config(cls, cfg, student):
-        check_teacher_path(cfg)
-        check_temperature(cfg)
-        alpha = number(cfg, "alpha", "task.alpha")
-        if alpha > 1:
-            raise ConfigError(f"task.alpha must be in [0, 1] (the weight of the distillation term), got {alpha}.")
 
     def __init__(self, model, cfg, student):
         super().__init__(model, cfg, student)

@@ -24,15 +24,13 @@ import logging
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
 from .. import distributed as dist
-from ..checks import choice, number
 from ..errors import ConfigError
 from ..models import model_from_config
 from ..ops import ADDER_MODULES, Adder2d
 from .base import TrainingTask, register_task
-from .kd import batch_top1, check_teacher_path, check_temperature, kd_term
+from .kd import batch_top1, kd_term
 from .kernel_maps import conv_sq_distance, full, gaussian_kernel, laplacian_kernel
 from .teacher import check_teacher_fits, load_teacher
 
@@ -147,29 +145,6 @@ class PKKDTask(TrainingTask):
             raise ConfigError(
                 f"task=pkkd distils a CNN into an AdderNet, but model.layer={student.model['layer']} "
                 f"builds no adder layers; use model.layer=adder (task=kd distils into a CNN)."
-            )
-        check_teacher_path(cfg, allowed=(COTRAIN,))
-        check_temperature(cfg)
-        for key in ("kd_weight", "feature_weight"):
-            number(cfg, key, f"task.{key}")
-        number(cfg, "sigma_scale", "task.sigma_scale", positive=True)
-        if not 0 < number(cfg, "sigma_momentum", "task.sigma_momentum", positive=True) <= 1:
-            raise ConfigError(f"task.sigma_momentum must be in (0, 1], got {cfg.sigma_momentum}.")
-        choice(cfg, "teacher_loss", "task.teacher_loss", ("ce", "dml"))
-        choice(cfg, "kernel", "task.kernel", (True, False))
-        choice(cfg, "rho_side", "task.rho_side", ("student", "teacher"))
-        choice(cfg, "rho_init", "task.rho_init", ("identity", "default"))
-        choice(cfg, "rho_bias", "task.rho_bias", (True, False))
-        layers = cfg.get("layers")
-        if not (layers in ("all", "stage_last") or OmegaConf.is_list(layers) and len(layers) > 0):
-            raise ConfigError(
-                f"task.layers={layers!r} is not valid; use all, stage_last or a list of adder layer "
-                f"names, e.g. task.layers=[layer3.2.conv2]."
-            )
-        if cfg.teacher != COTRAIN and cfg.teacher_loss != "ce":
-            raise ConfigError(
-                f"task.teacher_loss={cfg.teacher_loss} trains the teacher, but task.teacher="
-                f"{cfg.teacher} is frozen; use task.teacher=cotrain or task.teacher_loss=ce."
             )
 
     def __init__(self, model, cfg, student, teacher=None):
