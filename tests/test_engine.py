@@ -126,7 +126,7 @@ def _count_host_syncs(monkeypatch, tmp_path, name, train_size, log_every):
     """Run 1 epoch; count Tensor.item/tolist/__bool__ calls outside data loading, and host_check calls."""
     counts = {"sync": 0, "check": 0}
     in_steps = {"on": False}
-    original_epoch, original_check = loop.train_epoch, loop.host_check
+    original_epoch, original_check = loop.train_one_epoch, loop.host_check
 
     def counted(method):
         real = getattr(torch.Tensor, method)
@@ -152,7 +152,7 @@ def _count_host_syncs(monkeypatch, tmp_path, name, train_size, log_every):
     for method in ("item", "tolist", "__bool__"):
         monkeypatch.setattr(torch.Tensor, method, counted(method))
     monkeypatch.setattr(loop, "host_check", check)
-    monkeypatch.setattr("addernet.engine.fit.train_epoch", epoch)
+    monkeypatch.setattr("addernet.engine.fit.train_one_epoch", epoch)
     train(
         compose([*LENET_FAKE, f"data.train_size={train_size}", "trainer.epochs=1", f"trainer.log_every={log_every}"]),
         str(tmp_path / name),

@@ -1,10 +1,10 @@
 """The engine: config checks, the epoch loop, the fit driver, resume, the run dir, outputs, meters, evaluation.
 
 config.py      check_config: a training config checked once, returning the typed config (the schema's classes)
-loop.py        one epoch of training steps, with host checks only every trainer.log_every steps
+loop.py        train_one_epoch: the batch loop (to device, step, NaN watch, stop vote, log line, mid-epoch resume)
 step.py        one optimizer step: mixing, micro-batches, clipping, the step, the weight average
 parts.py       the run's parts, built in one phase from the checked config (the run dir's writes last), frozen
-fit.py         ``train(cfg, run_dir)``: guards the run dir, builds the parts, runs the epochs, tracks the best
+fit.py         ``train(cfg, run_dir)``: guards the run dir, builds the parts; Run.fit runs the epochs, tracks the best
 resume.py      which checkpoint to resume, which settings may change, loop position, RNG states, SIGTERM, restoring
 rundir.py      the run dir's lock and guards; the run dir alone resumes a run; output files never replace inputs
 outputs.py     train.log, metrics.jsonl, run.json, config.yaml, TensorBoard events and hparams (rank 0)

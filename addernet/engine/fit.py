@@ -1,11 +1,15 @@
 """The driver: ``train(cfg, run_dir)`` guards the run dir, builds the run in one phase (parts.py), runs the epochs.
 
+From the epochs to the optimizer step in two calls: ``Run.fit`` (the epochs: train, validate, record, save)
+calls ``train_one_epoch`` (loop.py: the batch loop), which calls the stepper (step.py: one optimizer step).
+
 Order at every epoch end, for crash safety: events and metrics first (a replayed epoch purges /
 rewrites them), then best.pt, then last.pt (the commit point). ``last.pt`` is written atomically,
 so a run killed at any moment resumes by replaying the interrupted epoch; with
 trainer.deterministic=true on CPU it ends with exactly the metrics of an uninterrupted run.
 """
 
+import dataclasses
 import logging
 import os
 import shlex
@@ -22,7 +26,7 @@ from ..errors import ConfigError, NonFiniteLoss
 from ..ops import use_backend
 from .config import check_config, device_type
 from .evaluation import evaluate
-from .loop import LoopSettings, non_finite_state, train_epoch
+from .loop import NO_CHECKPOINT, non_finite_state, train_one_epoch
 from .meters import MetricSums
 from .outputs import extra_keys, setup_logging
 from .parts import build
@@ -121,36 +125,66 @@ def _shared_run_dir(run_dir):
 
 
 class Run:
-    """Runs built Parts epoch by epoch; its only state is the counters (loop position, history, metric sums)."""
+    """Runs built Parts epoch by epoch. Its state: where the run is (``progress``), the running metric sums of the
+    epoch, and the RNG states a mid-epoch checkpoint gave (restored at its step, then dropped)."""
 
     def __init__(self, parts, stop):
         self.parts, self.stop = parts, stop
-        start = parts.start.state
-        self.state, self.pending_rng = {**start, "history": list(start["history"])}, parts.start.rng  # counters
-        self.sums = parts.start.sums or MetricSums(parts.device)
-
-    @property
-    def ckpt_dir(self):
-        return self.parts.ckpt_dir
+        start = parts.start
+        self.progress = dataclasses.replace(start.progress, history=list(start.progress.history))
+        self.pending_rng = start.rng
+        self.sums = start.sums or MetricSums(parts.device)
 
     def fit(self):
-        for epoch in range(self.state["epoch"], self.parts.trainer.epochs):
-            self.run_epoch(epoch)
+        """Every epoch left: train (train_one_epoch), validate, record and save; then the summary."""
+        p, at = self.parts, self.progress
+        for epoch in range(at.epoch, p.trainer.epochs):
+            started, lr = time.perf_counter(), p.optimizer.param_groups[0]["lr"]
+            start_step, at.step = min(at.step, len(p.train_loader)), 0
+            if not start_step:
+                self.sums = MetricSums(p.device)
+            take_skipped(p.train_loader)
+            rng, self.pending_rng = self.pending_rng, None
+            seen, seconds, stopped_at = train_one_epoch(
+                p.task,
+                p.stepper,
+                p.train_loader,
+                self.sums,
+                p.trainer,
+                p.device,
+                epoch,
+                start_step,
+                rng,
+                self.stop,
+                self.last_good(),
+            )
+            if stopped_at is not None:
+                self.preempt(epoch, stopped_at)
+            record, val_rate = self.validate(epoch, lr)
+            p.scheduler.step()
+            record.update(
+                {
+                    "epoch_seconds": time.perf_counter() - started,
+                    "images_per_s": seen / max(seconds, 1e-9),
+                    "val_images_per_s": val_rate,
+                }
+            )
+            self.end_epoch(epoch, record)
         return self.finish()
 
     def checkpoint(self, step, sums, rng):
         """The full training state; ``rng`` holds every rank's RNG states for a mid-epoch resume."""
-        p, s = self.parts, self.state
+        p, at = self.parts, self.progress
         ckpt = training_checkpoint(
             model=p.model.state_dict(),
             optimizer=p.optimizer.state_dict(),
             scheduler=p.scheduler.state_dict(),
             scaler=p.scaler.state_dict(),
-            epoch=s["epoch"],
+            epoch=at.epoch,
             step=step,
-            best_top1=s["best_top1"],
-            best_epoch=s["best_epoch"],
-            history=s["history"],
+            best_top1=at.best_top1,
+            best_epoch=at.best_epoch,
+            history=at.history,
             train_sums=sums.state_dict(),
             rng=rng,
             config=p.resolved,
@@ -162,14 +196,16 @@ class Run:
             ckpt["ema"] = p.ema.state_dict()
         return ckpt
 
-    def run_epoch(self, epoch):
-        """Train, re-estimate BN (trainer.precise_bn), validate, record, save."""
-        p, t0 = self.parts, time.perf_counter()
-        lr = p.optimizer.param_groups[0]["lr"]
-        seen, seconds = self.train_steps(epoch)
+    def validate(self, epoch, lr):
+        """The epoch's record (training sums, then precise BN, the student's, the task's other models' and the
+        weight average's validation), and the student's validation images per second."""
+        p, t = self.parts, self.parts.trainer
         train = self.sums.all_reduce().compute()
-        bn_seconds = self.precise_bn()
-        val = evaluate(p.task.net, p.val_loader, p.device, amp=p.trainer.amp, channels_last=p.trainer.channels_last)
+        if t.precise_bn:
+            bn_seconds = precise_bn(
+                p.model, p.train_loader, t.precise_bn, p.device, t.amp, t.memory_format, progress=p.main and t.progress
+            )
+        val = evaluate(p.task.net, p.val_loader, p.device, amp=t.amp, channels_last=t.channels_last)
         record = {
             "epoch": epoch + 1,
             "lr": lr,
@@ -181,8 +217,11 @@ class Run:
             "val_n": val["n"],
         }
         record.update({f"train_{k}": v for k, v in train.items() if k not in ("loss", "top1", "top5", "n")})
-        record.update(self.validate_others())
-        if bn_seconds is not None:
+        others = dict(p.task.eval_models(), **({"ema": p.ema.module} if p.ema is not None else {}))
+        for name, model in others.items():  # a teacher, the weight average: <name>_val_<metric>
+            other = evaluate(model, p.val_loader, p.device, amp=t.amp, channels_last=t.channels_last)
+            record.update({f"{name}_val_{k}": other[k] for k in ("loss", "top1", "top5")})
+        if t.precise_bn:
             record["precise_bn_seconds"] = bn_seconds
         skipped = take_skipped(p.train_loader), take_skipped(p.val_loader)
         if any(skipped):
@@ -191,57 +230,11 @@ class Run:
                 epoch + 1,
                 *skipped,
             )
-        p.scheduler.step()
-        record.update(
-            {
-                "epoch_seconds": time.perf_counter() - t0,
-                "images_per_s": seen / max(seconds, 1e-9),
-                "val_images_per_s": val["images_per_s"],
-            }
-        )
-        self.end_epoch(epoch, record)
-
-    def train_steps(self, epoch):
-        """The epoch's training steps (from the checkpoint's step after a mid-epoch resume): (images, seconds)."""
-        p = self.parts
-        start_step, self.state["step"] = min(self.state["step"], len(p.train_loader)), 0
-        if not start_step:
-            self.sums = MetricSums(p.device)
-        take_skipped(p.train_loader)
-        shared = {k: getattr(p.trainer, k) for k in ("epochs", "seed", "memory_format", "log_every", "progress")}
-        settings = LoopSettings(p.device, rank=p.rank, world=p.world, last_good=self.last_good(), **shared)
-        rng, self.pending_rng = self.pending_rng, None
-        return train_epoch(
-            p.train_loader, p.task, p.stepper, self.sums, epoch, start_step, settings, self.stop, self.preempt, rng
-        )
-
-    def precise_bn(self):
-        """Seconds spent re-estimating the BatchNorm statistics (trainer.precise_bn), None when it is off."""
-        p = self.parts
-        if not p.trainer.precise_bn:
-            return None
-        return precise_bn(
-            p.model,
-            p.train_loader,
-            p.trainer.precise_bn,
-            p.device,
-            p.trainer.amp,
-            p.trainer.memory_format,
-            progress=p.main and p.trainer.progress,
-        )
-
-    def validate_others(self):
-        """Validation of the task's other models (a teacher) and the weight average: {<name>_val_<metric>: value}."""
-        p, out = self.parts, {}
-        models = dict(p.task.eval_models(), **({"ema": p.ema.module} if p.ema is not None else {}))
-        for name, model in models.items():
-            val = evaluate(model, p.val_loader, p.device, amp=p.trainer.amp, channels_last=p.trainer.channels_last)
-            out.update({f"{name}_val_{k}": val[k] for k in ("loss", "top1", "top5")})
-        return out
+        return record, val["images_per_s"]
 
     def end_epoch(self, epoch, record):
         """Check, log and save the epoch (metrics first, then best.pt, then last.pt); stop if signalled."""
-        p = self.parts
+        p, at = self.parts, self.progress
         bad = non_finite_state(p.model, p.task, p.device, record)  # before anything of this epoch is written
         if bad:
             raise NonFiniteLoss(
@@ -250,12 +243,11 @@ class Run:
                 f"epoch was saved, so {self.last_good()}. Try a lower optim.lr, trainer.amp=off, or "
                 f"check the data."
             )
-        s = self.state
-        s["epoch"] = epoch + 1
-        improved = record["val_top1"] > s["best_top1"]
+        at.epoch = epoch + 1
+        improved = record["val_top1"] > at.best_top1
         if improved:
-            s["best_top1"], s["best_epoch"] = record["val_top1"], epoch + 1
-        s["history"].append(record)
+            at.best_top1, at.best_epoch = record["val_top1"], epoch + 1
+        at.history.append(record)
         self.log_epoch(record)
         if p.main:
             every, epochs = p.trainer.hist_every, p.trainer.epochs
@@ -267,15 +259,15 @@ class Run:
             )
             final = self.checkpoint(0, MetricSums(), None)
             if improved:
-                save_checkpoint(final, os.path.join(self.ckpt_dir, "best.pt"))
-            save_checkpoint(final, os.path.join(self.ckpt_dir, "last.pt"))
+                save_checkpoint(final, os.path.join(p.ckpt_dir, "best.pt"))
+            save_checkpoint(final, os.path.join(p.ckpt_dir, "last.pt"))
         dist.barrier()
         if epoch + 1 < p.trainer.epochs and dist.any_rank(self.stop.requested, p.device):
             p.outputs.close()
             raise self.stop.error(f"stopped by {self.stop.name} after epoch {epoch + 1}; {self.resume_hint()}")
 
     def log_epoch(self, record):
-        s = self.state
+        at = self.progress
         extras = "".join(f" | {k} {record[k]:.4f}" for k in extra_keys(record))
         log.info(
             "epoch %d/%d lr %.5f | train loss %.4f top1 %.2f | val loss %.4f top1 %.2f top5 %.2f (n=%d) | "
@@ -291,23 +283,23 @@ class Run:
             record["val_n"],
             record["epoch_seconds"],
             record["images_per_s"],
-            s["best_top1"],
-            s["best_epoch"],
+            at.best_top1,
+            at.best_epoch,
             extras,
         )
 
     def resume_hint(self):
         """What a stopped run tells the user: the saved file, and a command that resumes it as it is."""
-        last = os.path.join(self.ckpt_dir, "last.pt")
+        last = os.path.join(self.parts.ckpt_dir, "last.pt")
         return f"saved {last}. Resume with: python train.py hydra.run.dir={shlex.quote(self.parts.run_dir)}"
 
     def last_good(self):
         """Where the last good state is, for the message of a run that stops on NaN/inf (nothing bad is saved)."""
-        if os.path.isfile(os.path.join(self.ckpt_dir, "last.pt")):
-            return f"checkpoints/last.pt still holds the last good state (epoch {self.state['epoch']})"
+        if os.path.isfile(os.path.join(self.parts.ckpt_dir, "last.pt")):
+            return f"checkpoints/last.pt still holds the last good state (epoch {self.progress.epoch})"
         if self.parts.start.path:
             return f"the checkpoint this run resumed from ({self.parts.start.path}) is untouched"
-        return "there is no good checkpoint to resume from (none was saved yet)"
+        return NO_CHECKPOINT
 
     def preempt(self, epoch, step):
         """Save a mid-epoch last.pt (every rank's RNG included) and raise Preempted (Interrupted for Ctrl-C)."""
@@ -322,24 +314,24 @@ class Run:
         log.warning("%s: stopping after epoch %d step %d, saving checkpoints/last.pt", self.stop.name, epoch + 1, step)
         rng = gather_rng(p.world)
         if p.main:
-            save_checkpoint(self.checkpoint(step, self.sums, rng), os.path.join(self.ckpt_dir, "last.pt"))
+            save_checkpoint(self.checkpoint(step, self.sums, rng), os.path.join(p.ckpt_dir, "last.pt"))
         dist.barrier()
         p.outputs.close()
         raise self.stop.error(f"stopped by {self.stop.name} at epoch {epoch + 1} step {step}; {self.resume_hint()}")
 
     def finish(self):
-        p, s = self.parts, self.state
-        last = s["history"][-1] if s["history"] else {}
+        p, at = self.parts, self.progress
+        last = at.history[-1] if at.history else {}
         if p.main:
             p.outputs.close(
                 p.hparams,
-                {"val_summary/best_top1": s["best_top1"], "val_summary/final_top1": last.get("val_top1", float("nan"))},
+                {"val_summary/best_top1": at.best_top1, "val_summary/final_top1": last.get("val_top1", float("nan"))},
             )
-            log.info("done: best val top1 %.2f at epoch %d; run dir %s", s["best_top1"], s["best_epoch"], p.run_dir)
+            log.info("done: best val top1 %.2f at epoch %d; run dir %s", at.best_top1, at.best_epoch, p.run_dir)
         return {
-            "best_top1": s["best_top1"],
-            "best_epoch": s["best_epoch"],
-            "epochs": s["epoch"],
+            "best_top1": at.best_top1,
+            "best_epoch": at.best_epoch,
+            "epochs": at.epoch,
             "final": last,
             "run_dir": p.run_dir,
         }

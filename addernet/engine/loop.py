@@ -1,4 +1,4 @@
-"""The epoch of training steps: the task computes the loss, the loop back-propagates and steps.
+"""``train_one_epoch``: the batch loop of one epoch; each batch goes through one optimizer step (step.py).
 
 Nothing in a step waits for the device. The loss is watched for NaN/inf on the device, and the
 host looks at it and at the running metrics only in ``host_check``: every ``trainer.log_every``
@@ -9,7 +9,6 @@ started at one step and read at the next, so every rank saves at the same step a
 never waits. A pre-emption therefore saves within one or two steps, whatever trainer.log_every is.
 """
 
-import dataclasses
 import logging
 import math
 import time
@@ -63,16 +62,16 @@ def non_finite_state(model, task, device, record=None):
     return bad
 
 
-def host_check(sums, watch, epoch, step, bar, seen, started, settings):
+def host_check(sums, watch, epoch, epochs, step, bar, seen, started, last_good):
     """The only host synchronisation of the step loop: NaN watch, log line, progress bar."""
-    watch.raise_if_bad(epoch, settings.last_good)
+    watch.raise_if_bad(epoch, last_good)
     running = sums.compute()
     rate = seen / max(time.perf_counter() - started, 1e-9)
     bar.set_postfix(loss=f"{running['loss']:.3f}", top1=f"{running['top1']:.1f}", img_s=f"{rate:.0f}", refresh=False)
     log.info(
         "epoch %d/%d step %d/%d loss %.4f top1 %.2f img/s %.1f",
         epoch + 1,
-        settings.epochs,
+        epochs,
         step,
         bar.total,
         running["loss"],
@@ -81,30 +80,21 @@ def host_check(sums, watch, epoch, step, bar, seen, started, settings):
     )
 
 
-@dataclasses.dataclass
-class LoopSettings:
-    """What the step loop needs to know about the run besides its objects."""
-
-    device: torch.device
-    epochs: int
-    seed: int = 0
-    rank: int = 0
-    world: int = 1
-    memory_format: torch.memory_format = torch.contiguous_format
-    log_every: int = 50
-    progress: bool = False
-    last_good: str = "there is no good checkpoint to resume from (none was saved yet)"
+NO_CHECKPOINT = "there is no good checkpoint to resume from (none was saved yet)"
 
 
-def train_epoch(loader, task, stepper, sums, epoch, start_step, settings, stop, on_stop, rng=None):
-    """Train one epoch from ``start_step`` (a mid-epoch resume); returns (images seen by all ranks, seconds).
+def train_one_epoch(
+    task, stepper, loader, sums, trainer, device, epoch, start_step=0, rng=None, stop=None, last_good=NO_CHECKPOINT
+):
+    """Train one epoch from ``start_step`` (a mid-epoch resume): every batch to the device and through one
+    optimizer step (``stepper``, step.py), the loss watched for NaN/inf, a log line every trainer.log_every steps.
 
-    ``stepper(images, target, sums, watch, step)`` makes one optimizer step; ``stop`` is the SIGTERM flag
-    (``stop.requested``); once every rank has seen it, ``on_stop(epoch, step)`` saves and raises. ``rng``: the
-    RNG states of a mid-epoch checkpoint, restored once the epoch's data stream is in place.
+    Returns (images seen by all ranks, seconds, None), or (..., the step) once every rank has seen ``stop``
+    (the SIGTERM / Ctrl-C flag, ``stop.requested``) after that step: the caller saves and stops. ``rng``: the
+    RNG states of a mid-epoch checkpoint, restored once the epoch's data stream is in place; ``last_good``:
+    where the last good state is, for the message of a NaN/inf loss.
     """
-    s = settings
-    seed_epoch(loader, s.seed, epoch, s.rank)
+    seed_epoch(loader, trainer.seed, epoch, dist.get_rank())
     task.train()
     batches = iter_from(loader, start_step)  # mid-epoch resume: the data stream from the saved step
     if rng is not None:
@@ -112,12 +102,12 @@ def train_epoch(loader, task, stepper, sums, epoch, start_step, settings, stop, 
     bar = tqdm(
         total=len(loader),
         initial=start_step,
-        desc=f"epoch {epoch + 1}/{s.epochs}",
-        disable=not (dist.is_main() and s.progress),
+        desc=f"epoch {epoch + 1}/{trainer.epochs}",
+        disable=not (dist.is_main() and trainer.progress),
         dynamic_ncols=True,
         leave=False,
     )
-    watch, vote = LossWatch(s.device), dist.StopVote()
+    watch, vote, world = LossWatch(device), dist.StopVote(), dist.get_world_size()
     seen, started, step = 0, time.perf_counter(), start_step
     try:
         for step, (images, target) in enumerate(batches, start=start_step + 1):
@@ -127,19 +117,19 @@ def train_epoch(loader, task, stepper, sums, epoch, start_step, settings, stop, 
                     f"after skipping corrupt ones, and BatchNorm needs 2; remove the corrupt files "
                     f"(named in the warnings above) or use a larger data.batch_size."
                 )
-            images, target = to_device(images, target, s.device, s.memory_format)
+            images, target = to_device(images, target, device, trainer.memory_format)
             stepper(images, target, sums, watch, step)  # micro-batches, clipping, step, EMA (step.py)
-            seen += target.shape[0] * s.world
+            seen += target.shape[0] * world
             bar.update(1)
-            if step % s.log_every == 0:
-                host_check(sums, watch, epoch, step, bar, seen, started, s)
-            if vote.poll(stop.requested):  # a host flag: no device synchronisation
-                watch.raise_if_bad(epoch, s.last_good)  # a NaN loss since the last host check: nothing is saved
-                on_stop(epoch, step)
-        vote.finish()  # the last step's vote; end_epoch agrees on the flag again before saving
+            if step % trainer.log_every == 0:
+                host_check(sums, watch, epoch, trainer.epochs, step, bar, seen, started, last_good)
+            if vote.poll(stop is not None and stop.requested):  # a host flag: no device synchronisation
+                watch.raise_if_bad(epoch, last_good)  # a NaN loss since the last host check: nothing is saved
+                return seen, time.perf_counter() - started, step
+        vote.finish()  # the last step's vote; the epoch's end agrees on the flag again before saving
     finally:
         bar.close()
-    watch.raise_if_bad(epoch, s.last_good)  # the epoch-end check: before validation and any save
-    if s.device.type == "cuda":
-        torch.cuda.synchronize(s.device)
-    return seen, time.perf_counter() - started
+    watch.raise_if_bad(epoch, last_good)  # the epoch-end check: before validation and any save
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return seen, time.perf_counter() - started, None

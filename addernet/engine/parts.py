@@ -28,7 +28,7 @@ from ..tasks import build_task
 from .ema import WeightEMA
 from .meters import MetricSums
 from .outputs import RunOutputs, write_config, write_facts
-from .resume import fresh_state, restore, resume_path
+from .resume import Progress, restore, resume_path
 from .step import Stepper
 from .trackers import build_trackers, require_trackers, selected
 
@@ -37,9 +37,9 @@ log = logging.getLogger("addernet.train")
 
 @dataclasses.dataclass(frozen=True)
 class Start:
-    """Where the loop starts: a fresh state, or what a checkpoint gave (resume.Resumed) and its path."""
+    """Where the loop starts: a fresh Progress, or what a checkpoint gave (resume.Resumed) and its path."""
 
-    state: dict
+    progress: Progress
     rng: object = None  # this rank's RNG states of a mid-epoch checkpoint
     path: str = None
     sums: object = None  # the mid-epoch checkpoint's running metric sums
@@ -49,12 +49,10 @@ class Start:
 class Parts:
     """Everything a run uses, built before its first step; nothing here is replaced while it runs."""
 
-    cfg: object  # the composed config, data.num_workers=auto replaced by the number used
-    resolved: dict  # cfg as plain values: what config.yaml and every checkpoint record
+    resolved: dict  # the config as plain values (data.num_workers=auto: the number used): config.yaml, checkpoints
     trainer: Trainer  # the typed trainer group (addernet/config/schema.py)
     run_dir: str
     device: torch.device
-    rank: int
     world: int
     main: bool
     model: nn.Module
@@ -80,10 +78,9 @@ class Parts:
 def build(cfg, typed, run_dir, device):
     """The run's Parts from the checked ``cfg`` and its typed form (check_config's): the resume first, the run
     dir's writes last (rank 0)."""
-    trainer = typed.trainer
+    trainer, rank, world, main = typed.trainer, dist.get_rank(), dist.get_world_size(), dist.is_main()
     if cfg.data.num_workers == "auto":  # recorded as the number used (it changes the augmentation stream)
         cfg = OmegaConf.merge(cfg, {"data": {"num_workers": num_workers(cfg.data)}})  # a copy
-    rank, world = dist.get_rank(), dist.get_world_size()
     _seed(trainer.deterministic, trainer.seed + rank)
     kernel = kernel_in_use(device)
     log.info(
@@ -96,29 +93,34 @@ def build(cfg, typed, run_dir, device):
     task.to(device=device, memory_format=trainer.memory_format)  # its own modules (a teacher, a head)
     task.amp = trainer.amp
     classes, train_loader, val_loader = _data(cfg, device, rank, world, trainer.seed)
-    optimizer = build_optimizer(cfg.optim, task.param_groups())
-    parts = dict(
-        cfg=cfg,
-        resolved=OmegaConf.to_container(cfg, resolve=True),
-        trainer=trainer,
-        run_dir=run_dir,
-        device=device,
-        rank=rank,
-        world=world,
-        main=dist.is_main(),
-        model=model,
-        task=task,
-        classes=classes,
-        train_loader=train_loader,
-        val_loader=val_loader,
-        **_optimization(cfg, typed, model, task, optimizer, device),
-    )
-    parts["start"], parts["scheduler"] = _start(path, parts)  # refuses a different model, before any write
-    if parts["main"]:
+    optimizer, scheduler, scaler, adaptive, ema, stepper = _optimization(cfg, typed, model, task, device)
+    start = Start(Progress())
+    if path:  # refuses a different model or settings, before any write
+        sums = MetricSums(device)
+        resumed = restore(
+            path, cfg, model=model, task=task, optimizer=optimizer, scheduler=scheduler, scaler=scaler, sums=sums,
+            ema=ema, train_dataset=train_loader.dataset, device=device, world=world, rank=rank,
+        )  # fmt: skip
+        start, scheduler = Start(Progress(**resumed.state), resumed.rng, path, sums), resumed.scheduler
+    if main:
         require_trackers(cfg)  # a missing tracker package is refused before the run dir is written
-    parts["hparams"] = _hparams(parts)
-    parts["outputs"] = _write_outputs(parts, kernel)
-    return Parts(**parts)
+    resolved, hparams = OmegaConf.to_container(cfg, resolve=True), _hparams(cfg, trainer, world)
+    facts = {
+        "device": str(device),
+        "world_size": world,
+        "train_images": len(train_loader.dataset),
+        "val_images": len(val_loader.dataset.dataset),
+        "data_held_on": str(train_loader.device) if cfg.data.on_device else None,
+        "compiled": getattr(model, "_compiled_call_impl", None) is not None,
+        "adder_kernel": kernel,
+    }
+    outputs = _write_outputs(cfg, run_dir, main, start, resolved, hparams, facts)
+    return Parts(
+        resolved=resolved, trainer=trainer, run_dir=run_dir, device=device, world=world, main=main, model=model,
+        task=task, classes=classes, train_loader=train_loader, val_loader=val_loader, optimizer=optimizer,
+        scheduler=scheduler, scaler=scaler, adaptive=adaptive, ema=ema, stepper=stepper, start=start,
+        hparams=hparams, outputs=outputs,
+    )  # fmt: skip
 
 
 def _seed(deterministic, seed):
@@ -159,74 +161,52 @@ def _data(cfg, device, rank, world, seed):
     return classes, train_loader, val_loader
 
 
-def _optimization(cfg, typed, model, task, optimizer, device):
-    """Schedule, scaler, adaptive LR, DDP wrapping, weight average and the stepper, as a dict of Parts fields."""
+def _optimization(cfg, typed, model, task, device):
+    """(optimizer, schedule, scaler, adaptive LR, weight average, stepper), the model and task DDP-wrapped."""
     trainer = typed.trainer
+    optimizer = build_optimizer(cfg.optim, task.param_groups())
     scheduler = build_scheduler(cfg.sched, optimizer, trainer.epochs)
     scaler = torch.amp.GradScaler(device.type, enabled=trainer.amp == "fp16")
-    eta = typed.adaptive_lr.eta if typed.adaptive_lr.enabled else None
-    adaptive = AdaptiveLR(model, eta).attach(optimizer) if eta is not None else None
+    eta = typed.adaptive_lr.eta
+    adaptive = AdaptiveLR(model, eta).attach(optimizer) if typed.adaptive_lr.enabled else None
     if dist.is_distributed():
         ids = [device.index] if device.type == "cuda" else None
         task.distribute(lambda m: nn.parallel.DistributedDataParallel(m, device_ids=ids))
     ema = WeightEMA(model, trainer.ema_decay) if trainer.ema_decay is not None else None
     mix = build_mix(cfg.data)
     stepper = Stepper(task, optimizer, scaler, adaptive, trainer.accumulate, trainer.clip_grad_norm, ema, mix)
-    return dict(optimizer=optimizer, scheduler=scheduler, scaler=scaler, adaptive=adaptive, ema=ema, stepper=stepper)
+    return optimizer, scheduler, scaler, adaptive, ema, stepper
 
 
-def _start(path, p):
-    """(Start, the schedule to run with): the checkpoint at ``path`` restored into the parts, or a fresh start."""
-    if not path:
-        return Start(fresh_state()), p["scheduler"]
-    names = ("model", "task", "optimizer", "scheduler", "scaler", "ema", "device", "world", "rank")
-    sums = MetricSums(p["device"])
-    resumed = restore(path, p["cfg"], sums=sums, train_dataset=p["train_loader"].dataset, **{k: p[k] for k in names})
-    return Start(resumed.state, resumed.rng, path, sums), resumed.scheduler
-
-
-def _write_outputs(p, kernel):
+def _write_outputs(cfg, run_dir, main, start, resolved, hparams, facts):
     """config.yaml, run.json and the metrics/TensorBoard/tracker outputs (rank 0): the launch's first writes."""
-    run_dir, main, cfg, start = p["run_dir"], p["main"], p["cfg"], p["start"]
     if main:
         write_config(run_dir, cfg)
-        write_facts(
-            run_dir,
-            {
-                "device": str(p["device"]),
-                "world_size": p["world"],
-                "train_images": len(p["train_loader"].dataset),
-                "val_images": len(p["val_loader"].dataset.dataset),
-                "data_held_on": str(p["train_loader"].device) if cfg.data.on_device else None,
-                "compiled": getattr(p["model"], "_compiled_call_impl", None) is not None,
-                "adder_kernel": kernel,
-            },
-        )
+        write_facts(run_dir, facts)
     outputs = RunOutputs(
         run_dir,
         main,
-        start.state["epoch"] if start.path else None,
+        start.progress.epoch if start.path else None,
         tensorboard="tensorboard" in selected(cfg),
-        trackers=build_trackers(cfg, run_dir, p["resolved"], p["hparams"]) if main else (),
+        trackers=build_trackers(cfg, run_dir, resolved, hparams) if main else (),
     )
-    outputs.rewrite_metrics(start.state["history"])
+    outputs.rewrite_metrics(start.progress.history)
     return outputs
 
 
-def _hparams(p):
-    cfg, s = p["cfg"], p["trainer"]
+def _hparams(cfg, trainer, world):
     return {
         "model": cfg.model.name,
         "layer": cfg.model.layer,
         "data": cfg.data.name,
         "task": cfg.task.name,
-        "epochs": s.epochs,
+        "epochs": trainer.epochs,
         "batch_size": cfg.data.batch_size,
         "lr": float(cfg.optim.lr),
         "weight_decay": float(cfg.optim.weight_decay),
         "adaptive_lr": cfg.adaptive_lr.enabled,
         "eta": float(cfg.adaptive_lr.eta),
-        "amp": s.amp,
-        "seed": s.seed,
-        "world_size": p["world"],
+        "amp": trainer.amp,
+        "seed": trainer.seed,
+        "world_size": world,
     }

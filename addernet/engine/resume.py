@@ -238,8 +238,16 @@ class StopFlag:
         return Interrupted if self.signum == signal.SIGINT else Preempted
 
 
-def fresh_state():
-    return {"epoch": 0, "step": 0, "best_top1": -1.0, "best_epoch": 0, "history": []}
+@dataclasses.dataclass
+class Progress:
+    """Where a run is (what every checkpoint records): epochs done, steps into the next one (a mid-epoch
+    checkpoint), the best validation top-1 and its epoch, and every finished epoch's record."""
+
+    epoch: int = 0
+    step: int = 0
+    best_top1: float = -1.0
+    best_epoch: int = 0
+    history: list = dataclasses.field(default_factory=list)
 
 
 def resume_path(cfg, run_dir, ckpt_dir):
@@ -290,7 +298,7 @@ def _check_optimizer_kind(saved, optimizer, path):
 class Resumed:
     """What a checkpoint gives the run that resumes it (the driver applies it)."""
 
-    state: dict  # the loop position and history: the keys of fresh_state()
+    state: dict  # the loop position and history: the fields of Progress
     rng: object  # this rank's RNG states for a mid-epoch resume on the same number of processes, else None
     scheduler: object  # the schedule to continue with (rebuilt when trainer.epochs or optim/sched changed)
 
@@ -311,7 +319,7 @@ def restore(path, cfg, *, model, task, optimizer, scheduler, scaler, sums, ema, 
     _load_state(scheduler, ckpt["scheduler"], "scheduler", path)
     _load_state(scaler, ckpt["scaler"], "GradScaler", path)
     _load_state(sums, ckpt["train_sums"], "metric sums", path)
-    state = {k: ckpt[k] for k in fresh_state()}
+    state = {f.name: ckpt[f.name] for f in dataclasses.fields(Progress)}
     step, same_world = state["step"], ckpt["world_size"] == world
     if step and not same_world:
         log.warning(
