@@ -72,9 +72,8 @@ def _without(lines, i):
     return kept
 
 
-def _composed(config_dir, choices):
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        return [OmegaConf.to_container(compose(name, overrides)) for name, overrides in choices]
+def _composed(choices):
+    return [OmegaConf.to_container(compose(name, overrides)) for name, overrides in choices]
 
 
 @pytest.mark.parametrize("path", _files(), ids=lambda p: str(p.relative_to(CONFIGS)))
@@ -84,14 +83,13 @@ def test_no_config_file_restates_a_default(path, tmp_path):
     target = copy / path.relative_to(CONFIGS)
     text = path.read_text()
     lines = text.splitlines()
-    choices = _choices(path)
-    before = _composed(copy, choices)
-    restated = []
-    for i in _value_lines(lines):
-        target.write_text("\n".join(_without(lines, i)) + "\n")
-        if _composed(copy, choices) == before:
-            restated.append(lines[i].strip())
-    target.write_text(text)
+    choices, restated = _choices(path), []
+    with initialize_config_dir(config_dir=str(copy), version_base="1.3"):  # each compose reads the files again
+        before = _composed(choices)
+        for i in _value_lines(lines):
+            target.write_text("\n".join(_without(lines, i)) + "\n")
+            if _composed(choices) == before:
+                restated.append(lines[i].strip())
     assert not restated, (
         f"{path.relative_to(REPO)} restates what the schema (addernet/config/schema.py) or the file it extends "
         f"already gives; delete these lines: {restated}"
