@@ -146,18 +146,9 @@ class Run:
             take_skipped(p.train_loader)
             rng, self.pending_rng = self.pending_rng, None
             seen, seconds, stopped_at = train_one_epoch(
-                p.task,
-                p.stepper,
-                p.train_loader,
-                self.sums,
-                p.trainer,
-                p.device,
-                epoch,
-                start_step,
-                rng,
-                self.stop,
-                self.last_good(),
-            )
+                p.task, p.stepper, p.train_loader, self.sums, p.trainer, p.device, epoch,
+                start_step=start_step, rng=rng, stop=self.stop, last_good=self.last_good(),
+            )  # fmt: skip
             if stopped_at is not None:
                 self.preempt(epoch, stopped_at)
             record, val_rate = self.validate(epoch, lr)
