@@ -3,6 +3,7 @@ this host: each is compiled; each this CPU can run is checked against the float6
 forward and every gradient, integer kernel, integer network); a path it cannot run is skipped with
 the missing CPU flag. The test ids name the path, so the output says which paths ran."""
 
+import ctypes
 import platform
 import subprocess
 import sys
@@ -144,6 +145,22 @@ def test_a_path_this_cpu_lacks_is_refused_with_the_missing_flag(monkeypatch):
         BuildError, match="avx512 kernel needs CPU flag avx512f, avx512bw.*lacks; unset ADDERNET_CPU_ISA"
     ):
         build.load_library("adder_int", "avx512")
+
+
+def test_the_loader_checks_each_struct_against_the_c_code(monkeypatch):
+    """Both libraries take the layer geometry as one struct; a ctypes mirror whose layout differs from the C code's
+    (geometry.h, adder_int.c's intnet_op) is refused at load time instead of passing misread shapes to a kernel."""
+    for lib, functions, structs in (("adder_cpu", cpu.FUNCTIONS, ()), ("adder_int", int_cpu.FUNCTIONS, ())):
+        monkeypatch.setattr(build, "_declared", {})
+        assert build.library(lib, functions, structs).adder_geometry_size() == ctypes.sizeof(build.Geometry)
+    short = type("Short", (ctypes.Structure,), {"_fields_": build.Geometry._fields_[:-1]})
+    for lib, functions, size in (
+        ("adder_cpu", cpu.FUNCTIONS, "adder_geometry_size"),
+        ("adder_int", int_cpu.FUNCTIONS, "adder_intnet_op_size"),
+    ):
+        monkeypatch.setattr(build, "_declared", {})
+        with pytest.raises(BuildError, match=f"{lib}: the C code and Short disagree on its layout \\({size}\\)"):
+            build.library(lib, functions, ((size, short),))
 
 
 # An AVX2 host's arithmetic on a host with more: ATen's vectorised kernels, oneDNN (convolutions, batch norm), MKL
