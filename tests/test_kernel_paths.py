@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from addernet import adder2d
+from addernet import adder2d, adder_linear, l1_scores
 from addernet.errors import BuildError, ConfigError
 from addernet.ops.kernels import build, cpu, int_cpu
 from addernet.quant import IntegerResNet
@@ -88,6 +88,82 @@ def test_float_kernels_equal_the_float64_reference(isa, dtype, layout, monkeypat
             torch.testing.assert_close(
                 a.double(), r, **{**tol, **scale}, msg=lambda m: f"{name} {isa} {n, cin, k} {layout}: {m}"
             )
+
+
+def _assert_same(got, want, dtype, what):
+    """Equal within float rounding where the reference is finite, NaN exactly where it is NaN."""
+    assert want.isnan().any(), f"{what}: the case puts no NaN in the reference"  # the case tests something
+    tol = {"rtol": 1e-11, "atol": 1e-11} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-4}
+    if dtype == torch.float32:  # sums of up to K = 180 terms of magnitude ~1: see the float test above
+        tol["atol"] *= want[want.isfinite()].abs().max().item()
+    torch.testing.assert_close(got.double(), want.double(), **tol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels_last"])
+def test_nan_gives_the_gradients_of_the_definition(isa, dtype, layout, monkeypatch):
+    """HardTanh(NaN) is NaN, and so is NaN - w: a NaN in the input, the weight or the output gradient gives NaN
+    in the forward and both gradients exactly where the unfold reference does, and its values elsewhere."""
+    torch.manual_seed(3)
+    for n, cin, cout, h, wd, k, s, p, d, g in FLOAT_CASES:
+        x = torch.randn(n, cin, h, wd, dtype=torch.float64)
+        w = torch.randn(cout, cin // g, *k, dtype=torch.float64)
+        conf = (s, p, d, g)
+        gy = torch.randn_like(F.conv2d(x, w, None, *conf))
+        for where, t, at in (
+            ("input", x, (0, 1, 2, 2)),
+            ("weight", w, (1, 0, k[0] - 1, 0)),
+            ("grad", gy, (0, 1, gy.shape[2] // 2, gy.shape[3] // 2)),  # an output that reads the image
+        ):
+            t = t.clone()
+            t[at] = float("nan")
+            xn, wn, gn = (t if where == "input" else x), (t if where == "weight" else w), (t if where == "grad" else gy)
+            ref = _fwd_bwd(xn, wn, conf, gn, "reference", monkeypatch)
+            xf, gf = xn.to(dtype, memory_format=layout), gn.to(dtype, memory_format=layout)
+            got = _fwd_bwd(xf, wn.to(dtype), conf, gf, "fast", monkeypatch)
+            for name, a, r in zip(("forward", "grad_input", "grad_weight"), got, ref):
+                if where != "grad" or name != "forward":
+                    _assert_same(a, r, dtype, f"NaN {where} {at}, {name}, {isa} {n, cin, k}")
+
+
+@pytest.mark.parametrize("features", [37, 32])  # 32: a multiple of every vector width, read and written in place
+def test_nan_in_adder_linear_and_l1_scores_gives_the_gradients_of_the_definition(isa, features, monkeypatch):
+    """AdderLinear against the unfold reference and the L1 scores (dq, dk, both key gradients) against the eager
+    kernel, with a NaN in an input row, a weight and a key."""
+    torch.manual_seed(4)
+    x, w = torch.randn(2, 3, features), torch.randn(5, features)
+    for at_x, at_w in (((0, 1, 5), None), (None, (2, 5))):
+        xn, wn = x.clone(), w.clone()
+        if at_x:
+            xn[at_x] = float("nan")
+        else:
+            wn[at_w] = float("nan")
+        outs = {}
+        for backend in ("reference", "fast"):
+            monkeypatch.setenv("ADDERNET_BACKEND", backend)
+            xb, wb = xn.clone().requires_grad_(), wn.clone().requires_grad_()
+            y = adder_linear(xb, wb)
+            y.backward(torch.ones_like(y))
+            outs[backend] = (y.detach(), xb.grad, wb.grad)
+        for name, a, r in zip(("forward", "dx", "dw"), outs["fast"], outs["reference"]):
+            _assert_same(a, r, torch.float32, f"AdderLinear NaN at x {at_x} w {at_w}, {name}, {isa}")
+    q, k = torch.randn(3, 5, features), torch.randn(3, 6, features)
+    for key_grad in ("hardtanh", "full"):
+        for at_q, at_k in (((1, 2, 0), None), (None, (2, 3, 1))):
+            qn, kn = q.clone(), k.clone()
+            if at_q:
+                qn[at_q] = float("nan")
+            else:
+                kn[at_k] = float("nan")
+            outs = {}
+            for backend in ("eager", "fast"):
+                monkeypatch.setenv("ADDERNET_BACKEND", backend)
+                qb, kb = qn.clone().requires_grad_(), kn.clone().requires_grad_()
+                s = l1_scores(qb, kb, key_grad)
+                s.backward(torch.ones_like(s))
+                outs[backend] = (s.detach(), qb.grad, kb.grad)
+            for name, a, r in zip(("scores", "dq", "dk"), outs["fast"], outs["eager"]):
+                _assert_same(a, r, torch.float32, f"l1_scores {key_grad} NaN at q {at_q} k {at_k}, {name}, {isa}")
 
 
 # (N, C, H, W, O, kernel, stride, padding, dilation, groups): K = 144 and 576 (64-byte steps with and

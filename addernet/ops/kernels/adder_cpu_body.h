@@ -8,6 +8,8 @@ typedef IT FN(ivec_t) __attribute__((vector_size(VBYTES)));
 #define VEC FN(vec_t)
 #define IVEC FN(ivec_t)
 
+/* VMIN(a, b) = a < b ? a : b and VMAX(a, b) = a > b ? a : b per lane, as x86's minps / maxps: when a lane of
+ * either is NaN, the lane of b. Callers pass the value that may be NaN as b, so that it propagates. */
 #ifndef VMIN /* portable select fallback (no AVX): slower but correct on any target */
 #define VMIN(a, b) ((VEC)((((IVEC)((a) < (b))) & (IVEC)(a)) | (~((IVEC)((a) < (b))) & (IVEC)(b))))
 #define VMAX(a, b) ((VEC)((((IVEC)((a) > (b))) & (IVEC)(a)) | (~((IVEC)((a) > (b))) & (IVEC)(b))))
@@ -193,7 +195,8 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
 /* Input-gradient micro-kernel for GIN_P pixels x VL channels at one kernel tap:
  * acc[p] = sum_o g[p, o] * clamp(w[o, c] - x[p, c], -1, 1), added into the padded grad buffer.
  * The clamp is computed on w - x directly (sub, max, min, fma): the cheaper rewrite
- * clamp(w, x - 1, x + 1) - x cancels against x * sum_o g and loses float32 accuracy. */
+ * clamp(w, x - 1, x + 1) - x cancels against x * sum_o g and loses float32 accuracy. w - x is the
+ * second operand of both max and min, so a NaN in x or w stays NaN (HardTanh(NaN) = NaN), at no cost. */
 static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, const T *wb,
                          const T *gt, int64_t gos, int64_t Og) {
     VEC nx[GIN_P], acc[GIN_P];
@@ -207,7 +210,7 @@ static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, cons
         const VEC wv = FN(ld)(wb + o * VL);
         const T *go = gt + o * gos; /* g[p, o] = go[p]: packed, or the tensor's pixels read in place */
 #pragma GCC unroll 32
-        for (int p = 0; p < GIN_P; p++) acc[p] += go[p] * VMIN(VMAX(VSUBN(wv, nx[p], one_h), mone), one);
+        for (int p = 0; p < GIN_P; p++) acc[p] += go[p] * VMIN(one, VMAX(mone, VSUBN(wv, nx[p], one_h)));
     }
     for (int64_t p = 0; p < n; p++) FN(st)(gb + off[p], FN(ld)(gb + off[p]) + acc[p]);
 }
