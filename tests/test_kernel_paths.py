@@ -4,6 +4,7 @@ forward and every gradient, integer kernel, integer network); a path it cannot r
 the missing CPU flag. The test ids name the path, so the output says which paths ran."""
 
 import ctypes
+import functools
 import platform
 import subprocess
 import sys
@@ -126,44 +127,43 @@ def test_nan_gives_the_gradients_of_the_definition(isa, dtype, layout, monkeypat
                     _assert_same(a, r, dtype, f"NaN {where} {at}, {name}, {isa} {n, cin, k}")
 
 
+def _with_nan(t, at):
+    t = t.clone()
+    if at is not None:
+        t[at] = float("nan")
+    return t
+
+
+def _fast_against(fn, a, b, backend, names, what, monkeypatch):
+    """fn(a, b) and its gradients (output gradient 1) on the fast backend against ``backend``."""
+    outs = {}
+    for name in (backend, "fast"):
+        monkeypatch.setenv("ADDERNET_BACKEND", name)
+        ab, bb = a.clone().requires_grad_(), b.clone().requires_grad_()
+        y = fn(ab, bb)
+        y.backward(torch.ones_like(y))
+        outs[name] = (y.detach(), ab.grad, bb.grad)
+    for name, got, want in zip(names, outs["fast"], outs[backend]):
+        _assert_same(got, want, torch.float32, f"{what}, {name}")
+
+
 @pytest.mark.parametrize("features", [37, 32])  # 32: a multiple of every vector width, read and written in place
 def test_nan_in_adder_linear_and_l1_scores_gives_the_gradients_of_the_definition(isa, features, monkeypatch):
     """AdderLinear against the unfold reference and the L1 scores (dq, dk, both key gradients) against the eager
-    kernel, with a NaN in an input row, a weight and a key."""
+    kernel, with a NaN in an input row, a weight, a query and a key."""
     torch.manual_seed(4)
     x, w = torch.randn(2, 3, features), torch.randn(5, features)
     for at_x, at_w in (((0, 1, 5), None), (None, (2, 5))):
-        xn, wn = x.clone(), w.clone()
-        if at_x:
-            xn[at_x] = float("nan")
-        else:
-            wn[at_w] = float("nan")
-        outs = {}
-        for backend in ("reference", "fast"):
-            monkeypatch.setenv("ADDERNET_BACKEND", backend)
-            xb, wb = xn.clone().requires_grad_(), wn.clone().requires_grad_()
-            y = adder_linear(xb, wb)
-            y.backward(torch.ones_like(y))
-            outs[backend] = (y.detach(), xb.grad, wb.grad)
-        for name, a, r in zip(("forward", "dx", "dw"), outs["fast"], outs["reference"]):
-            _assert_same(a, r, torch.float32, f"AdderLinear NaN at x {at_x} w {at_w}, {name}, {isa}")
+        what = f"AdderLinear NaN at x {at_x} w {at_w}, {isa}"
+        xn, wn = _with_nan(x, at_x), _with_nan(w, at_w)
+        _fast_against(adder_linear, xn, wn, "reference", ("forward", "dx", "dw"), what, monkeypatch)
     q, k = torch.randn(3, 5, features), torch.randn(3, 6, features)
     for key_grad in ("hardtanh", "full"):
         for at_q, at_k in (((1, 2, 0), None), (None, (2, 3, 1))):
-            qn, kn = q.clone(), k.clone()
-            if at_q:
-                qn[at_q] = float("nan")
-            else:
-                kn[at_k] = float("nan")
-            outs = {}
-            for backend in ("eager", "fast"):
-                monkeypatch.setenv("ADDERNET_BACKEND", backend)
-                qb, kb = qn.clone().requires_grad_(), kn.clone().requires_grad_()
-                s = l1_scores(qb, kb, key_grad)
-                s.backward(torch.ones_like(s))
-                outs[backend] = (s.detach(), qb.grad, kb.grad)
-            for name, a, r in zip(("scores", "dq", "dk"), outs["fast"], outs["eager"]):
-                _assert_same(a, r, torch.float32, f"l1_scores {key_grad} NaN at q {at_q} k {at_k}, {name}, {isa}")
+            what = f"l1_scores {key_grad} NaN at q {at_q} k {at_k}, {isa}"
+            scores = functools.partial(l1_scores, key_grad=key_grad)
+            qn, kn = _with_nan(q, at_q), _with_nan(k, at_k)
+            _fast_against(scores, qn, kn, "eager", ("scores", "dq", "dk"), what, monkeypatch)
 
 
 # (N, C, H, W, O, kernel, stride, padding, dilation, groups): K = 144 and 576 (64-byte steps with and

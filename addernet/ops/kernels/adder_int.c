@@ -331,5 +331,4 @@ int adder_intnet_forward(const intnet_op *ops, int64_t n_ops, int bytes, const f
     return 0;
 }
 
-int adder_intnet_max_outputs(void) { return MAXQ; }
 int adder_intnet_op_size(void) { return (int)sizeof(intnet_op); }
