@@ -4,6 +4,7 @@ signals at a known step, script loading, the shared data's paths.
 Imported by the test modules (``from helpers import ...``); pytest fixtures live in conftest.py.
 """
 
+import collections.abc
 import copy
 import functools
 import hashlib
@@ -263,6 +264,42 @@ def child_env(**extra):
     """Environment of a child process: one intra-op thread, the repo and tests/ importable, unbuffered output."""
     path = os.pathsep.join(p for p in (str(REPO), str(TESTS), os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra}
+
+
+class _GuardedEnviron(collections.abc.MutableMapping):
+    """os.environ, except that setting or deleting ``name`` fails the test."""
+
+    def __init__(self, environ, name):
+        self.environ, self.name = environ, name
+
+    def _check(self, key):
+        if key == self.name:
+            raise AssertionError(f"the package wrote the environment variable {key}")
+
+    def __getitem__(self, key):
+        return self.environ[key]
+
+    def __setitem__(self, key, value):
+        self._check(key)
+        self.environ[key] = value
+
+    def __delitem__(self, key):
+        self._check(key)
+        del self.environ[key]
+
+    def __iter__(self):
+        return iter(self.environ)
+
+    def __len__(self):
+        return len(self.environ)
+
+    def copy(self):
+        return dict(self.environ)
+
+
+def forbid_env_writes(monkeypatch, name):
+    """Fail the test if anything in this process sets or deletes os.environ[name] (until the test ends)."""
+    monkeypatch.setattr(os, "environ", _GuardedEnviron(os.environ, name))
 
 
 def torchrun(args, nproc=2, timeout=300, env=None):

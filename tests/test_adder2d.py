@@ -16,8 +16,9 @@ import torch.nn.functional as F
 
 from addernet import Adder2d, adder2d
 from addernet.ops import BACKENDS as ALL_BACKENDS
+from addernet.ops import kernel_in_use, use_backend
 
-from helpers import REPO
+from helpers import REPO, forbid_env_writes
 
 BACKENDS = [b for b in ALL_BACKENDS if b != "reference"]  # compared with the reference
 
@@ -257,6 +258,34 @@ def test_bad_inputs_raise_clear_errors(backend_env):
     backend_env("bogus")
     with pytest.raises(ValueError, match="ADDERNET_BACKEND"):
         layer(torch.randn(1, 4, 5, 5))
+
+
+def test_use_backend_picks_the_kernels_and_only_reads_the_environment(monkeypatch):
+    """use_backend (how a run applies trainer.backend) runs the block's adder layers on its backend, a nested block
+    restores the outer choice, and outside any block ADDERNET_BACKEND decides; the variable is never written."""
+    from addernet.ops.kernels import cpu, eager
+
+    monkeypatch.setenv("ADDERNET_BACKEND", "eager")
+    forbid_env_writes(monkeypatch, "ADDERNET_BACKEND")
+    calls = []
+    for name, module in (("cpu", cpu), ("eager", eager)):
+        monkeypatch.setattr(module, "forward", lambda *a, _n=name, _f=module.forward: calls.append(_n) or _f(*a))
+    reference = ALL_BACKENDS["reference"]
+    monkeypatch.setitem(ALL_BACKENDS, "reference", lambda *a: calls.append("reference") or reference(*a))
+    x, w = torch.randn(1, 2, 4, 4), torch.randn(3, 2, 3, 3)
+    with use_backend("fast"):
+        adder2d(x, w)
+        with use_backend("reference"):
+            adder2d(x, w)
+            assert kernel_in_use("cpu") == "reference"
+        adder2d(x, w)
+        assert kernel_in_use("cpu") == "cpu"
+    adder2d(x, w)
+    assert calls == ["cpu", "reference", "cpu", "eager"]
+    assert os.environ["ADDERNET_BACKEND"] == "eager"
+    with pytest.raises(ValueError, match="adder backend 'bogus' is not one of fast, eager, reference"):
+        with use_backend("bogus"):
+            pass
 
 
 def test_module_matches_conv2d_interface():

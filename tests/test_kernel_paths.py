@@ -3,6 +3,8 @@ this host: each is compiled; each this CPU can run is checked against the float6
 forward and every gradient, integer kernel, integer network); a path it cannot run is skipped with
 the missing CPU flag. The test ids name the path, so the output says which paths ran."""
 
+import ctypes
+import functools
 import platform
 import subprocess
 import sys
@@ -11,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from addernet import adder2d
+from addernet import adder2d, adder_linear, l1_scores
 from addernet.errors import BuildError, ConfigError
 from addernet.ops.kernels import build, cpu, int_cpu
 from addernet.quant import IntegerResNet
@@ -89,6 +91,81 @@ def test_float_kernels_equal_the_float64_reference(isa, dtype, layout, monkeypat
             )
 
 
+def _assert_same(got, want, dtype, what):
+    """Equal within float rounding where the reference is finite, NaN exactly where it is NaN."""
+    assert want.isnan().any(), f"{what}: the case puts no NaN in the reference"  # the case tests something
+    tol = {"rtol": 1e-11, "atol": 1e-11} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-4}
+    if dtype == torch.float32:  # sums of up to K = 180 terms of magnitude ~1: see the float test above
+        tol["atol"] *= want[want.isfinite()].abs().max().item()
+    torch.testing.assert_close(got.double(), want.double(), **tol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "channels_last"])
+def test_nan_gives_the_gradients_of_the_definition(isa, dtype, layout, monkeypatch):
+    """HardTanh(NaN) is NaN, and so is NaN - w: a NaN in the input, the weight or the output gradient gives NaN
+    in the forward and both gradients exactly where the unfold reference does, and its values elsewhere."""
+    torch.manual_seed(3)
+    for n, cin, cout, h, wd, k, s, p, d, g in FLOAT_CASES:
+        x = torch.randn(n, cin, h, wd, dtype=torch.float64)
+        w = torch.randn(cout, cin // g, *k, dtype=torch.float64)
+        conf = (s, p, d, g)
+        gy = torch.randn_like(F.conv2d(x, w, None, *conf))
+        for where, t, at in (
+            ("input", x, (0, 1, 2, 2)),
+            ("weight", w, (1, 0, k[0] - 1, 0)),
+            ("grad", gy, (0, 1, gy.shape[2] // 2, gy.shape[3] // 2)),  # an output that reads the image
+        ):
+            t = t.clone()
+            t[at] = float("nan")
+            xn, wn, gn = (t if where == "input" else x), (t if where == "weight" else w), (t if where == "grad" else gy)
+            ref = _fwd_bwd(xn, wn, conf, gn, "reference", monkeypatch)
+            xf, gf = xn.to(dtype, memory_format=layout), gn.to(dtype, memory_format=layout)
+            got = _fwd_bwd(xf, wn.to(dtype), conf, gf, "fast", monkeypatch)
+            for name, a, r in zip(("forward", "grad_input", "grad_weight"), got, ref):
+                if where != "grad" or name != "forward":
+                    _assert_same(a, r, dtype, f"NaN {where} {at}, {name}, {isa} {n, cin, k}")
+
+
+def _with_nan(t, at):
+    t = t.clone()
+    if at is not None:
+        t[at] = float("nan")
+    return t
+
+
+def _fast_against(fn, a, b, backend, names, what, monkeypatch):
+    """fn(a, b) and its gradients (output gradient 1) on the fast backend against ``backend``."""
+    outs = {}
+    for name in (backend, "fast"):
+        monkeypatch.setenv("ADDERNET_BACKEND", name)
+        ab, bb = a.clone().requires_grad_(), b.clone().requires_grad_()
+        y = fn(ab, bb)
+        y.backward(torch.ones_like(y))
+        outs[name] = (y.detach(), ab.grad, bb.grad)
+    for name, got, want in zip(names, outs["fast"], outs[backend]):
+        _assert_same(got, want, torch.float32, f"{what}, {name}")
+
+
+@pytest.mark.parametrize("features", [37, 32])  # 32: a multiple of every vector width, read and written in place
+def test_nan_in_adder_linear_and_l1_scores_gives_the_gradients_of_the_definition(isa, features, monkeypatch):
+    """AdderLinear against the unfold reference and the L1 scores (dq, dk, both key gradients) against the eager
+    kernel, with a NaN in an input row, a weight, a query and a key."""
+    torch.manual_seed(4)
+    x, w = torch.randn(2, 3, features), torch.randn(5, features)
+    for at_x, at_w in (((0, 1, 5), None), (None, (2, 5))):
+        what = f"AdderLinear NaN at x {at_x} w {at_w}, {isa}"
+        xn, wn = _with_nan(x, at_x), _with_nan(w, at_w)
+        _fast_against(adder_linear, xn, wn, "reference", ("forward", "dx", "dw"), what, monkeypatch)
+    q, k = torch.randn(3, 5, features), torch.randn(3, 6, features)
+    for key_grad in ("hardtanh", "full"):
+        for at_q, at_k in (((1, 2, 0), None), (None, (2, 3, 1))):
+            what = f"l1_scores {key_grad} NaN at q {at_q} k {at_k}, {isa}"
+            scores = functools.partial(l1_scores, key_grad=key_grad)
+            qn, kn = _with_nan(q, at_q), _with_nan(k, at_k)
+            _fast_against(scores, qn, kn, "eager", ("scores", "dq", "dk"), what, monkeypatch)
+
+
 # (N, C, H, W, O, kernel, stride, padding, dilation, groups): K = 144 and 576 (64-byte steps with and
 # without the 32-byte tail), K = 3 (a single short row), groups, a filter count that is not a multiple
 # of the tile, batch 1 (pixels split across threads)
@@ -144,6 +221,22 @@ def test_a_path_this_cpu_lacks_is_refused_with_the_missing_flag(monkeypatch):
         BuildError, match="avx512 kernel needs CPU flag avx512f, avx512bw.*lacks; unset ADDERNET_CPU_ISA"
     ):
         build.load_library("adder_int", "avx512")
+
+
+def test_the_loader_checks_each_struct_against_the_c_code(monkeypatch):
+    """Both libraries take the layer geometry as one struct; a ctypes mirror whose layout differs from the C code's
+    (geometry.h, adder_int.c's intnet_op) is refused at load time instead of passing misread shapes to a kernel."""
+    for lib, functions, structs in (("adder_cpu", cpu.FUNCTIONS, ()), ("adder_int", int_cpu.FUNCTIONS, ())):
+        monkeypatch.setattr(build, "_declared", {})
+        assert build.library(lib, functions, structs).adder_geometry_size() == ctypes.sizeof(build.Geometry)
+    short = type("Short", (ctypes.Structure,), {"_fields_": build.Geometry._fields_[:-1]})
+    for lib, functions, size in (
+        ("adder_cpu", cpu.FUNCTIONS, "adder_geometry_size"),
+        ("adder_int", int_cpu.FUNCTIONS, "adder_intnet_op_size"),
+    ):
+        monkeypatch.setattr(build, "_declared", {})
+        with pytest.raises(BuildError, match=f"{lib}: the C code and Short disagree on its layout \\({size}\\)"):
+            build.library(lib, functions, ((size, short),))
 
 
 # An AVX2 host's arithmetic on a host with more: ATen's vectorised kernels, oneDNN (convolutions, batch norm), MKL

@@ -5,8 +5,9 @@
 with zero padding counting as input 0. Backward (paper Eq. 5 and 7): dL/dW = sum g * (X - W)
 (full precision) and dL/dX = sum g * HardTanh(W - X); no adaptive learning rate here.
 
-Backend (environment variable ADDERNET_BACKEND, read at every call; a training run sets it from
-trainer.backend, which defaults to the variable, and records it):
+Backend, chosen at every call: inside ``with use_backend(name)`` (how a training run applies trainer.backend,
+which defaults to the variable, and records it) that one, else the environment variable ADDERNET_BACKEND,
+which the package only reads:
   fast (default)  CPU: compiled C kernel (kernels/cpu.py); CUDA: Triton (kernels/triton.py);
                   falls back to eager with a one-line warning when that is unavailable.
   eager           chunked PyTorch, bounded memory, any device (kernels/eager.py).
@@ -16,12 +17,14 @@ Every kernel module provides
     grad_input(x, w, grad_out, stride, padding, dilation, groups) -> grad_x   # sum g*HardTanh(w - x)
 with stride/padding/dilation int 2-tuples. The weight gradient is shared by all backends through
     sum g*(X - W) = conv2d weight-gradient(X, g) - W * sum_{n,y,x} g,
-exact because zero padding counts as X = 0. fast and eager are torch.library custom ops, so
-torch.compile treats them as opaque calls. Argument checks, output size and compute dtype are
+exact because zero padding counts as X = 0. fast and eager are torch.library custom ops (the eager
+kernel on any device, each device's fast kernel registered for it), so torch.compile treats them as
+opaque calls. Argument checks, output size and compute dtype are
 shared by all of them (conv_args.py); the backend table is BACKENDS below.
 """
 
 import contextlib
+import contextvars
 import functools
 import os
 import warnings
@@ -68,6 +71,16 @@ def _kernels(device, backend):
     return loader() if loader else eager
 
 
+def _forward(kernels, x, weight, stride, padding, dilation, groups):
+    y = kernels.forward(x, weight, tuple(stride), tuple(padding), tuple(dilation), groups)
+    return y.to(x.dtype).contiguous(memory_format=output_format(x))
+
+
+def _grad_input(kernels, x, weight, grad_out, stride, padding, dilation, groups):
+    gx = kernels.grad_input(x, weight, grad_out, tuple(stride), tuple(padding), tuple(dilation), groups)
+    return gx.to(x.dtype).contiguous(memory_format=output_format(x))
+
+
 @torch.library.custom_op("addernet::adder2d_forward", mutates_args=())
 def _forward_op(
     x: torch.Tensor,
@@ -78,8 +91,8 @@ def _forward_op(
     groups: int,
     backend: str,
 ) -> torch.Tensor:
-    y = _kernels(x.device, backend).forward(x, weight, tuple(stride), tuple(padding), tuple(dilation), groups)
-    return y.to(x.dtype).contiguous(memory_format=output_format(x))
+    """y = -sum|x - w| on a device without a kernel of its own: the eager kernel."""
+    return _forward(eager, x, weight, stride, padding, dilation, groups)
 
 
 @_forward_op.register_fake
@@ -99,15 +112,29 @@ def _grad_input_op(
     groups: int,
     backend: str,
 ) -> torch.Tensor:
-    gx = _kernels(x.device, backend).grad_input(
-        x, weight, grad_out, tuple(stride), tuple(padding), tuple(dilation), groups
-    )
-    return gx.to(x.dtype).contiguous(memory_format=output_format(x))
+    """sum g * HardTanh(w - x) on a device without a kernel of its own: the eager kernel."""
+    return _grad_input(eager, x, weight, grad_out, stride, padding, dilation, groups)
 
 
 @_grad_input_op.register_fake
 def _(x, weight, grad_out, stride, padding, dilation, groups, backend):
     return torch.empty_like(x, memory_format=output_format(x))
+
+
+def _register(device):
+    """The device's own implementations of both ops: its fast kernel for backend "fast", else eager."""
+
+    @_forward_op.register_kernel(device)
+    def _(x, weight, stride, padding, dilation, groups, backend):
+        return _forward(_kernels(x.device, backend), x, weight, stride, padding, dilation, groups)
+
+    @_grad_input_op.register_kernel(device)
+    def _(x, weight, grad_out, stride, padding, dilation, groups, backend):
+        return _grad_input(_kernels(x.device, backend), x, weight, grad_out, stride, padding, dilation, groups)
+
+
+for _device in _FAST_KERNELS:
+    _register(_device)
 
 
 def grad_weight(x, weight, grad_out, stride, padding, dilation, groups):
@@ -156,11 +183,18 @@ def _custom_op(backend):
     return run
 
 
-# ADDERNET_BACKEND name -> y = -sum|x - w| (no bias), differentiable; the rule picking one is _backend()
+# backend name -> y = -sum|x - w| (no bias), differentiable; the rule picking one is _backend()
 BACKENDS = {"fast": _custom_op("fast"), "eager": _custom_op("eager"), "reference": adder2d_reference}
+
+# the backend use_backend chose for this thread / task; None: $ADDERNET_BACKEND decides
+_chosen = contextvars.ContextVar("addernet_backend", default=None)
 
 
 def _backend():
+    """The backend of this call: use_backend's choice, else $ADDERNET_BACKEND, else fast."""
+    name = _chosen.get()
+    if name is not None:
+        return name
     name = os.environ.get("ADDERNET_BACKEND", "fast").strip().lower() or "fast"
     if name not in BACKENDS:
         raise ValueError(f"ADDERNET_BACKEND={name!r} is not a backend; use one of {', '.join(BACKENDS)}")
@@ -169,18 +203,15 @@ def _backend():
 
 @contextlib.contextmanager
 def use_backend(name):
-    """ADDERNET_BACKEND=``name`` inside the block (how a run applies trainer.backend), restored afterwards."""
+    """Run the adder layers inside the block on backend ``name`` (how a run applies trainer.backend), whatever
+    $ADDERNET_BACKEND says; the environment is left as it is."""
     if name not in BACKENDS:
         raise ValueError(f"adder backend {name!r} is not one of {', '.join(BACKENDS)}")
-    saved = os.environ.get("ADDERNET_BACKEND")
-    os.environ["ADDERNET_BACKEND"] = name
+    token = _chosen.set(name)
     try:
         yield
     finally:
-        if saved is None:
-            del os.environ["ADDERNET_BACKEND"]
-        else:
-            os.environ["ADDERNET_BACKEND"] = saved
+        _chosen.reset(token)
 
 
 def kernel_in_use(device):

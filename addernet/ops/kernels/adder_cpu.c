@@ -21,20 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The path is chosen at compile time (build.py's ADDERNET_CPU_ISA picks the -march flags);
- * ADDERNET_PLAIN_C forces the portable path that non-x86 machines compile. */
-#if defined(__AVX512F__) && !defined(ADDERNET_PLAIN_C)
-#include <immintrin.h>
-#define VBYTES 64
-#define NREG 32
-#elif defined(__AVX__) && !defined(ADDERNET_PLAIN_C)
-#include <immintrin.h>
-#define VBYTES 32
-#define NREG 16
-#else
-#define VBYTES 16
-#define NREG 16
-#endif
+#include "geometry.h"
+#include "isa.h"
 
 /* Register tiles: forward P pixels x (V vectors of output channels); grad P pixels x 1 vector.
  * With 32 vector registers the forward tile is bounded by the general-purpose registers, not the
@@ -62,16 +50,14 @@
 #define SUF _f
 #define IT int32_t
 #define VL (VBYTES / 4)
-#if VBYTES == 64
+#if ISA_AVX512
 #define VMIN(a, b) ((VEC)_mm512_min_ps((__m512)(a), (__m512)(b)))
 #define VMAX(a, b) ((VEC)_mm512_max_ps((__m512)(a), (__m512)(b)))
 #define VFMA(a, b, c) ((VEC)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
-#elif VBYTES == 32
+#elif ISA_AVX2
 #define VMIN(a, b) ((VEC)_mm256_min_ps((__m256)(a), (__m256)(b)))
 #define VMAX(a, b) ((VEC)_mm256_max_ps((__m256)(a), (__m256)(b)))
-#ifdef __FMA__
 #define VFMA(a, b, c) ((VEC)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
-#endif
 #endif
 #include "adder_cpu_body.h"
 #undef T
@@ -87,40 +73,16 @@
 #define SUF _d
 #define IT int64_t
 #define VL (VBYTES / 8)
-#if VBYTES == 64
+#if ISA_AVX512
 #define VMIN(a, b) ((VEC)_mm512_min_pd((__m512d)(a), (__m512d)(b)))
 #define VMAX(a, b) ((VEC)_mm512_max_pd((__m512d)(a), (__m512d)(b)))
 #define VFMA(a, b, c) ((VEC)_mm512_fmadd_pd((__m512d)(a), (__m512d)(b), (__m512d)(c)))
-#elif VBYTES == 32
+#elif ISA_AVX2
 #define VMIN(a, b) ((VEC)_mm256_min_pd((__m256d)(a), (__m256d)(b)))
 #define VMAX(a, b) ((VEC)_mm256_max_pd((__m256d)(a), (__m256d)(b)))
-#ifdef __FMA__
 #define VFMA(a, b, c) ((VEC)_mm256_fmadd_pd((__m256d)(a), (__m256d)(b), (__m256d)(c)))
-#endif
 #endif
 #include "adder_cpu_body.h"
 
-/* 1 when built with OpenMP (the *_ranges entry points run in parallel), else 0. */
-int adder_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}
-
 /* Vector width in bytes: Python pads channel counts to multiples of VBYTES / sizeof(T). */
 int adder_vbytes(void) { return VBYTES; }
-
-/* The compiled path, for tests and benchmark reports: avx512, avx2, sse2 or plain C. */
-const char *adder_path(void) {
-#if VBYTES == 64
-    return "avx512";
-#elif VBYTES == 32
-    return "avx2";
-#elif defined(__SSE2__) && !defined(ADDERNET_PLAIN_C)
-    return "sse2";
-#else
-    return "plain C";
-#endif
-}

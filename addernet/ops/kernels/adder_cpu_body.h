@@ -1,8 +1,6 @@
 /* Body of the adder CPU kernels, included by adder_cpu.c once per element type T (suffix SUF,
- * integer type IT of the same width, VL lanes per vector). Shape vector `s` (int64):
- *   0 N, 1 C, 2 H, 3 W, 4 G, 5 Cg (in channels per group), 6 Og (out channels per group),
- *   7 kh, 8 kw, 9 sh, 10 sw, 11 ph, 12 pw, 13 dh, 14 dw, 15 Ho, 16 Wo,
- *   17 Cgp (channels per group in the padded scratch, >= Cg), 18 Opad (Og rounded up to VL).
+ * integer type IT of the same width, VL lanes per vector). The layer's shape comes as an
+ * adder_geometry (geometry.h; Cgp and Opad are multiples of VL, Kp is unused).
  * Tensor strides (xs, ys, gs, gxs) are in elements, so NCHW and channels-last both work. */
 
 typedef T FN(vec_t) __attribute__((vector_size(VBYTES)));
@@ -10,6 +8,8 @@ typedef IT FN(ivec_t) __attribute__((vector_size(VBYTES)));
 #define VEC FN(vec_t)
 #define IVEC FN(ivec_t)
 
+/* VMIN(a, b) = a < b ? a : b and VMAX(a, b) = a > b ? a : b per lane, as x86's minps / maxps: when a lane of
+ * either is NaN, the lane of b. Callers pass the value that may be NaN as b, so that it propagates. */
 #ifndef VMIN /* portable select fallback (no AVX): slower but correct on any target */
 #define VMIN(a, b) ((VEC)((((IVEC)((a) < (b))) & (IVEC)(a)) | (~((IVEC)((a) < (b))) & (IVEC)(b))))
 #define VMAX(a, b) ((VEC)((((IVEC)((a) > (b))) & (IVEC)(a)) | (~((IVEC)((a) > (b))) & (IVEC)(b))))
@@ -38,19 +38,19 @@ static inline VEC FN(vabs)(VEC v) {
 }
 
 /* Zero groups g0..g1-1 of the channels-last scratch buf[Hp][Wp][G][Cgp]: a thread's share of it. */
-static void FN(zero_groups)(const int64_t *s, T *buf, int64_t g0, int64_t g1) {
-    const int64_t pixels = (s[2] + 2 * s[11]) * (s[3] + 2 * s[12]), Ct = s[4] * s[17];
-    if (g1 - g0 == s[4]) { /* all groups: one contiguous block */
+static void FN(zero_groups)(const adder_geometry *s, T *buf, int64_t g0, int64_t g1) {
+    const int64_t pixels = (s->H + 2 * s->ph) * (s->W + 2 * s->pw), Ct = s->G * s->Cgp;
+    if (g1 - g0 == s->G) { /* all groups: one contiguous block */
         memset(buf, 0, sizeof(T) * (size_t)(pixels * Ct));
         return;
     }
-    for (int64_t q = 0; q < pixels; q++) memset(buf + q * Ct + g0 * s[17], 0, sizeof(T) * (size_t)((g1 - g0) * s[17]));
+    for (int64_t q = 0; q < pixels; q++) memset(buf + q * Ct + g0 * s->Cgp, 0, sizeof(T) * (size_t)((g1 - g0) * s->Cgp));
 }
 
 /* Copy groups g0..g1-1 of one image (x already offset to it) into zero-padded channels-last scratch
  * buf[Hp][Wp][G][Cgp]; channels Cg..Cgp-1 of those groups are zero, the other groups are not written. */
-static void FN(pad_image)(const T *x, const int64_t *xs, const int64_t *s, T *buf, int64_t g0, int64_t g1) {
-    const int64_t H = s[2], W = s[3], G = s[4], Cg = s[5], ph = s[11], pw = s[12], Cgp = s[17];
+static void FN(pad_image)(const T *x, const int64_t *xs, const adder_geometry *s, T *buf, int64_t g0, int64_t g1) {
+    const int64_t H = s->H, W = s->W, G = s->G, Cg = s->Cg, ph = s->ph, pw = s->pw, Cgp = s->Cgp;
     const int64_t Wp = W + 2 * pw, Ct = G * Cgp;
     if (ph || pw || Cgp > Cg) FN(zero_groups)(s, buf, g0, g1); /* else the copy writes every element */
     /* transpose in blocks of 16 pixels so that both sides touch few cache lines (a plain
@@ -69,22 +69,22 @@ static void FN(pad_image)(const T *x, const int64_t *xs, const int64_t *s, T *bu
 
 /* Whether an image with strides ts (in elements) already has the scratch layout [H][W][G][Cgp] (channels-last,
  * no padding, no channel padding): the kernels then read x, or write gx, in place instead of through a copy. */
-static int FN(is_scratch)(const int64_t *ts, const int64_t *s) {
-    const int64_t Ct = s[4] * s[17];
-    return !s[11] && !s[12] && s[17] == s[5] && ts[1] == 1 && (s[3] == 1 || ts[3] == Ct) &&
-           (s[2] == 1 || ts[2] == s[3] * Ct);
+static int FN(is_scratch)(const int64_t *ts, const adder_geometry *s) {
+    const int64_t Ct = s->G * s->Cgp;
+    return !s->ph && !s->pw && s->Cgp == s->Cg && ts[1] == 1 && (s->W == 1 || ts[3] == Ct) &&
+           (s->H == 1 || ts[2] == s->W * Ct);
 }
 
 /* Per-pixel offsets, computed once per call: xo[q] into the padded scratch and to[q] into the
  * output / output-gradient tensor (strides ts) for q < L = Ho*Wo; entries L..L+P-1 repeat the
  * last pixel so the micro-kernels can always read a full tile. Returns xo; to = xo + L + P. */
-static int64_t *FN(pixel_offsets)(const int64_t *s, const int64_t *ts, int P) {
-    const int64_t Wp = s[3] + 2 * s[12], Ct = s[4] * s[17], Wo = s[16], L = s[15] * Wo;
+static int64_t *FN(pixel_offsets)(const adder_geometry *s, const int64_t *ts, int P) {
+    const int64_t Wp = s->W + 2 * s->pw, Ct = s->G * s->Cgp, Wo = s->Wo, L = s->Ho * Wo;
     int64_t *xo = malloc(sizeof(int64_t) * 2 * (size_t)(L + P));
     if (!xo) return NULL;
     for (int64_t q = 0; q < L + P; q++) {
         const int64_t r = q < L ? q : L - 1, oy = r / Wo, ox = r % Wo;
-        xo[q] = (oy * s[9] * Wp + ox * s[10]) * Ct;
+        xo[q] = (oy * s->sh * Wp + ox * s->sw) * Ct;
         xo[L + P + q] = oy * ts[2] + ox * ts[3];
     }
     return xo;
@@ -94,11 +94,11 @@ static int64_t *FN(pixel_offsets)(const int64_t *s, const int64_t *ts, int P) {
  * from the negated weights nw = -w. The abs-difference is accumulated directly (sub, abs, add):
  * the cheaper rewrite 2 max(x, w) - x - w cancels large sums and loses ~10x float32 accuracy. */
 static inline __attribute__((always_inline)) void FN(fwd_tile)(
-    const T *buf, const int64_t *off, const T *wt, const int64_t *s, int64_t ob, VEC (*out)[2],
+    const T *buf, const int64_t *off, const T *wt, const adder_geometry *s, int64_t ob, VEC (*out)[2],
     const int P, const int V) {
-    const int64_t Cg = s[5], kh = s[7], kw = s[8];
-    const int64_t Wp = s[3] + 2 * s[12], Ct = s[4] * s[17];
-    const int64_t di = s[13] * Wp * Ct, dj = s[14] * Ct;
+    const int64_t Cg = s->Cg, kh = s->kh, kw = s->kw;
+    const int64_t Wp = s->W + 2 * s->pw, Ct = s->G * s->Cgp;
+    const int64_t di = s->dh * Wp * Ct, dj = s->dw * Ct;
     VEC acc[FWD_P1][2];
     const VEC one = FN(opaque_one)();
 #pragma GCC unroll 32
@@ -140,8 +140,8 @@ static inline __attribute__((always_inline)) void FN(fwd_tile)(
 /* y = -acc for the n valid pixels and the valid channels of this block: whole vectors when the
  * output is channels-last (channel stride 1: AdderLinear's rows), else one element at a time. */
 static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *to, T *y,
-                               const int64_t *ys, const int64_t *s, int64_t ob) {
-    const int64_t no = s[6] - ob < V * VL ? s[6] - ob : V * VL; /* valid channels in this block */
+                               const int64_t *ys, const adder_geometry *s, int64_t ob) {
+    const int64_t no = s->Og - ob < V * VL ? s->Og - ob : V * VL; /* valid channels in this block */
     int64_t k0 = 0;
     if (ys[1] == 1)
         for (; k0 + VL <= no; k0 += VL)
@@ -157,11 +157,11 @@ static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *t
  * [kh][kw][Cg][block width] and starting at element ob*K of the group (zero in Og..Opad-1);
  * y is written through strides ys. Returns 0, or 1 when scratch memory cannot be allocated. */
 int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const int64_t *ys,
-                      const int64_t *s, int64_t n0, int64_t n1, int64_t q0, int64_t q1, int64_t g0,
+                      const adder_geometry *s, int64_t n0, int64_t n1, int64_t q0, int64_t q1, int64_t g0,
                       int64_t g1) {
-    const int64_t G = s[4], Cg = s[5], Og = s[6], kh = s[7], kw = s[8], Opad = s[18];
-    const int64_t Hp = s[2] + 2 * s[11], Wp = s[3] + 2 * s[12], Ct = G * s[17];
-    const int64_t K = kh * kw * Cg, L = s[15] * s[16];
+    const int64_t G = s->G, Cg = s->Cg, Og = s->Og, kh = s->kh, kw = s->kw, Opad = s->Opad;
+    const int64_t Hp = s->H + 2 * s->ph, Wp = s->W + 2 * s->pw, Ct = G * s->Cgp;
+    const int64_t K = kh * kw * Cg, L = s->Ho * s->Wo;
     const int inplace = FN(is_scratch)(xs, s);
     T *buf = malloc(sizeof(T) * (size_t)(inplace ? 0 : Hp * Wp * Ct) + 64);
     int64_t *xo = FN(pixel_offsets)(s, ys, FWD_P1);
@@ -172,7 +172,7 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
         const T *img = inplace ? x + n * xs[0] : buf;
         if (!inplace) FN(pad_image)(x + n * xs[0], xs, s, buf, g0, g1);
         for (int64_t g = g0; g < g1; g++) {
-            const T *wg = wt + g * K * Opad, *bg = img + g * s[17];
+            const T *wg = wt + g * K * Opad, *bg = img + g * s->Cgp;
             T *yg = y + n * ys[0] + g * Og * ys[1];
             int64_t ob = 0;
             for (; ob + 2 * VL <= Opad; ob += 2 * VL)
@@ -195,7 +195,8 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
 /* Input-gradient micro-kernel for GIN_P pixels x VL channels at one kernel tap:
  * acc[p] = sum_o g[p, o] * clamp(w[o, c] - x[p, c], -1, 1), added into the padded grad buffer.
  * The clamp is computed on w - x directly (sub, max, min, fma): the cheaper rewrite
- * clamp(w, x - 1, x + 1) - x cancels against x * sum_o g and loses float32 accuracy. */
+ * clamp(w, x - 1, x + 1) - x cancels against x * sum_o g and loses float32 accuracy. w - x is the
+ * second operand of both max and min, so a NaN in x or w stays NaN (HardTanh(NaN) = NaN), at no cost. */
 static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, const T *wb,
                          const T *gt, int64_t gos, int64_t Og) {
     VEC nx[GIN_P], acc[GIN_P];
@@ -209,7 +210,7 @@ static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, cons
         const VEC wv = FN(ld)(wb + o * VL);
         const T *go = gt + o * gos; /* g[p, o] = go[p]: packed, or the tensor's pixels read in place */
 #pragma GCC unroll 32
-        for (int p = 0; p < GIN_P; p++) acc[p] += go[p] * VMIN(VMAX(VSUBN(wv, nx[p], one_h), mone), one);
+        for (int p = 0; p < GIN_P; p++) acc[p] += go[p] * VMIN(one, VMAX(mone, VSUBN(wv, nx[p], one_h)));
     }
     for (int64_t p = 0; p < n; p++) FN(st)(gb + off[p], FN(ld)(gb + off[p]) + acc[p]);
 }
@@ -220,12 +221,12 @@ static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, cons
  * of GIN_P consecutive output pixels of g (pixel stride 1: an NCHW row) is read in place, any other
  * packed first. Returns 0, or 1 when scratch memory cannot be allocated. */
 int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
-                         const int64_t *gs, T *gx, const int64_t *gxs, const int64_t *s,
+                         const int64_t *gs, T *gx, const int64_t *gxs, const adder_geometry *s,
                          int64_t n0, int64_t n1, int64_t g0, int64_t g1) {
-    const int64_t H = s[2], W = s[3], G = s[4], Cg = s[5], Og = s[6], kh = s[7], kw = s[8];
-    const int64_t ph = s[11], pw = s[12], Cgp = s[17];
-    const int64_t Hp = H + 2 * ph, Wp = W + 2 * pw, Ct = G * Cgp, L = s[15] * s[16];
-    const int64_t di = s[13] * Wp * Ct, dj = s[14] * Ct, wo = kh * kw * Cgp;
+    const int64_t H = s->H, W = s->W, G = s->G, Cg = s->Cg, Og = s->Og, kh = s->kh, kw = s->kw;
+    const int64_t ph = s->ph, pw = s->pw, Cgp = s->Cgp;
+    const int64_t Hp = H + 2 * ph, Wp = W + 2 * pw, Ct = G * Cgp, L = s->Ho * s->Wo;
+    const int64_t di = s->dh * Wp * Ct, dj = s->dw * Ct, wo = kh * kw * Cgp;
     const size_t img = (size_t)(Hp * Wp * Ct);
     const int xin = FN(is_scratch)(xs, s), gin = FN(is_scratch)(gxs, s); /* x read, gx written in place */
     T *buf = malloc(sizeof(T) * ((xin ? 0 : img) + (gin ? 0 : img) + (size_t)(Og * GIN_P)) + 64);
@@ -277,7 +278,7 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
 /* The same over R ranges r[6k..6k+5] = (n0, n1, q0, q1, g0, g1) / r[4k..4k+3] = (n0, n1, g0, g1), in parallel on
  * OpenMP's threads (torch's runtime, see build.py); serial when built without OpenMP. */
 int FN(adder_forward_ranges)(const T *x, const int64_t *xs, const T *wt, T *y, const int64_t *ys,
-                             const int64_t *s, const int64_t *r, int64_t R, int nt) {
+                             const adder_geometry *s, const int64_t *r, int64_t R, int nt) {
     int err = 0;
 #pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(| : err)
     for (int64_t k = 0; k < R; k++)
@@ -287,7 +288,7 @@ int FN(adder_forward_ranges)(const T *x, const int64_t *xs, const T *wt, T *y, c
 }
 
 int FN(adder_grad_input_ranges)(const T *x, const int64_t *xs, const T *w2, const T *g,
-                                const int64_t *gs, T *gx, const int64_t *gxs, const int64_t *s,
+                                const int64_t *gs, T *gx, const int64_t *gxs, const adder_geometry *s,
                                 const int64_t *r, int64_t R, int nt) {
     int err = 0;
 #pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(| : err)

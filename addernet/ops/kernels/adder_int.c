@@ -14,9 +14,9 @@
  * a 64-bit lane), so no widening is needed; the 64-bit lanes of OT accumulators are folded into
  * OT int32 outputs at the end of a row. The 16-bit path is a plain C loop that -O3 vectorises.
  *
- * Shape vector s (int64): 0 N, 1 C, 2 H, 3 W, 4 G, 5 Cg, 6 Og, 7 kh, 8 kw, 9 sh, 10 sw, 11 ph,
- * 12 pw, 13 dh, 14 dw, 15 Ho, 16 Wo, 17 Kp (row length), 18 Opad (Og rounded up to OT).
- * x is NCHW contiguous; w is packed [G][Opad][Kp] with K in (i, j, c) order; y is NCHW contiguous. */
+ * The layer's shape comes as an adder_geometry (geometry.h; Kp is the row length, Opad is Og rounded up
+ * to OT, Cgp is unused). x is NCHW contiguous; w is packed [G][Opad][Kp] with K in (i, j, c) order; y is
+ * NCHW contiguous. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -27,33 +27,18 @@
 static int omp_get_thread_num(void) { return 0; }
 #endif
 
-/* The path is chosen at compile time (build.py's ADDERNET_CPU_ISA picks the -march flags):
- * INT_AVX512 (AVX-512BW), INT_AVX2, INT_SSE2, or the plain C loop (ADDERNET_PLAIN_C forces it). */
-#if defined(ADDERNET_PLAIN_C)
-#elif defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__FMA__)
-#define INT_AVX512 1
-#define INT_AVX2 1 /* AVX-512 hosts also have every AVX2 instruction (copy, epilogue, tail) */
-#define INT_SSE2 1
-#elif defined(__AVX2__)
-#define INT_AVX2 1
-#define INT_SSE2 1
-#elif defined(__SSE2__)
-#define INT_SSE2 1
-#endif
+#include "geometry.h"
+#include "isa.h"
 
-#if defined(INT_AVX2)
-#include <immintrin.h>
+#if ISA_AVX2
 #define SADB 32 /* row alignment: the AVX-512 tile steps 64 bytes, with one 32-byte step at the end */
-#elif defined(INT_SSE2)
-#include <emmintrin.h>
-#define SADB 16
 #else
 #define SADB 16
 #endif
 
 /* PT pixels x OT filters per tile: 4 x 4 64-bit-lane accumulators + 4 weights + 1 row fit the 32 zmm
  * registers; 2 x 4 + 4 + 1 fit the 16 ymm/xmm ones. */
-#if defined(INT_AVX512)
+#if ISA_AVX512
 #define PT 4
 #else
 #define PT 2
@@ -65,7 +50,7 @@ static inline void copy_bytes(void *dst, const void *src, size_t n) {
     uint8_t *d = dst;
     const uint8_t *p = src;
     size_t k = 0;
-#if defined(INT_SSE2)
+#if ISA_SSE2
     for (; k + 16 <= n; k += 16) _mm_storeu_si128((__m128i *)(d + k), _mm_loadu_si128((const __m128i *)(p + k)));
 #endif
     for (; k < n; k++) d[k] = p[k];
@@ -73,8 +58,8 @@ static inline void copy_bytes(void *dst, const void *src, size_t n) {
 
 /* Zero-padded channels-last copy of one NCHW image: buf[(h+ph)*Wp + w + pw][c] = x[c][h][w]. */
 #define PAD_IMAGE(T)                                                                                 \
-    static void pad_image_##T(const T *x, const int64_t *s, T *buf) {                                \
-        const int64_t C = s[1], H = s[2], W = s[3], ph = s[11], pw = s[12], Wp = W + 2 * pw;         \
+    static void pad_image_##T(const T *x, const adder_geometry *s, T *buf) {                         \
+        const int64_t C = s->C, H = s->H, W = s->W, ph = s->ph, pw = s->pw, Wp = W + 2 * pw;         \
         memset(buf, 0, sizeof(T) * (size_t)((H + 2 * ph) * Wp * C));                                 \
         for (int64_t c = 0; c < C; c++)                                                              \
             for (int64_t h = 0; h < H; h++) {                                                        \
@@ -86,15 +71,15 @@ static inline void copy_bytes(void *dst, const void *src, size_t n) {
 
 /* Rows of the tile's PT pixels (pixel q0+t, the last valid pixel repeated past L) for group g. */
 #define GATHER(T)                                                                                    \
-    static void gather_##T(const T *buf, const int64_t *s, int64_t g, int64_t q0, T *rows) {         \
-        const int64_t C = s[1], Cg = s[5], kh = s[7], kw = s[8], Wp = s[3] + 2 * s[12];              \
-        const int64_t Wo = s[16], L = s[15] * Wo, Kp = s[17];                                        \
+    static void gather_##T(const T *buf, const adder_geometry *s, int64_t g, int64_t q0, T *rows) {  \
+        const int64_t C = s->C, Cg = s->Cg, kh = s->kh, kw = s->kw, Wp = s->W + 2 * s->pw;           \
+        const int64_t Wo = s->Wo, L = s->Ho * Wo, Kp = s->Kp;                                        \
         for (int t = 0; t < PT; t++) {                                                               \
             const int64_t q = q0 + t < L ? q0 + t : L - 1, oy = q / Wo, ox = q % Wo;                 \
             T *r = rows + t * Kp;                                                                    \
             for (int64_t i = 0; i < kh; i++)                                                         \
                 for (int64_t j = 0; j < kw; j++) {                                                   \
-                    const int64_t pix = (oy * s[9] + i * s[13]) * Wp + ox * s[10] + j * s[14];       \
+                    const int64_t pix = (oy * s->sh + i * s->dh) * Wp + ox * s->sw + j * s->dw;      \
                     copy_bytes(r, buf + pix * C + g * Cg, sizeof(T) * (size_t)Cg);                   \
                     r += Cg;                                                                         \
                 }                                                                                    \
@@ -120,19 +105,19 @@ GATHER(uint16_t)
     }
 SAD_TILE_C(uint16_t)
 
-#if defined(INT_AVX512)
+#if ISA_AVX512
 typedef __m512i svec;
 #define SLOAD(p) _mm512_loadu_si512((const void *)(p))
 #define SAD(a, b) _mm512_sad_epu8((a), (b))
 #define ADD64(a, b) _mm512_add_epi64((a), (b))
 #define ZERO() _mm512_setzero_si512()
-#elif defined(INT_AVX2)
+#elif ISA_AVX2
 typedef __m256i svec;
 #define SLOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 #define SAD(a, b) _mm256_sad_epu8((a), (b))
 #define ADD64(a, b) _mm256_add_epi64((a), (b))
 #define ZERO() _mm256_setzero_si256()
-#elif defined(INT_SSE2)
+#elif ISA_SSE2
 typedef __m128i svec;
 #define SLOAD(p) _mm_loadu_si128((const __m128i *)(p))
 #define SAD(a, b) _mm_sad_epu8((a), (b))
@@ -140,16 +125,16 @@ typedef __m128i svec;
 #define ZERO() _mm_setzero_si128()
 #endif
 
-#if defined(INT_SSE2)
+#if ISA_SSE2
 /* Fold four accumulators of 64-bit lanes (each lane < 2^32) into four int32 sums. */
 static inline void fold4(svec a, svec b, svec c, svec d, int32_t *out) {
-#if defined(INT_AVX512)
+#if ISA_AVX512
     const __m512i ab = _mm512_or_si512(a, _mm512_slli_epi64(b, 32)); /* a0 b0 a1 b1 | ... (4 x 128 bits) */
     const __m512i cd = _mm512_or_si512(c, _mm512_slli_epi64(d, 32));
     const __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
     const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
     const __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-#elif defined(INT_AVX2)
+#elif ISA_AVX2
     const __m256i ab = _mm256_or_si256(a, _mm256_slli_epi64(b, 32)); /* a0 b0 a1 b1 | a2 b2 a3 b3 */
     const __m256i cd = _mm256_or_si256(c, _mm256_slli_epi64(d, 32));
     const __m256i s = _mm256_add_epi32(_mm256_unpacklo_epi64(ab, cd), _mm256_unpackhi_epi64(ab, cd));
@@ -182,7 +167,7 @@ static void sad_tile_u8(const uint8_t *rows, const uint8_t *w, int64_t Kp, int32
             for (int o = 0; o < OT; o++) a[t][o] = ADD64(a[t][o], SAD(xv, wv[o]));
         }
     }
-#if defined(INT_AVX512)
+#if ISA_AVX512
     if (k < Kp) { /* Kp is a multiple of 32: one 32-byte step left, zero-extended into the accumulators */
         __m256i wv[OT];
 #pragma GCC unroll 8
@@ -207,16 +192,16 @@ SAD_TILE_C(uint8_t)
 
 /* y[n0:n1, :, pixels q0:q1] for one lane type. Returns 0, or 1 when scratch cannot be allocated. */
 #define FORWARD(T, TILE)                                                                             \
-    static int forward_##T(const T *x, const T *w, int32_t *y, const int64_t *s, int64_t n0,         \
+    static int forward_##T(const T *x, const T *w, int32_t *y, const adder_geometry *s, int64_t n0,  \
                            int64_t n1, int64_t q0, int64_t q1) {                                     \
-        const int64_t C = s[1], G = s[4], Og = s[6], Kp = s[17], Opad = s[18];                       \
-        const int64_t Hp = s[2] + 2 * s[11], Wp = s[3] + 2 * s[12], L = s[15] * s[16];               \
+        const int64_t C = s->C, G = s->G, Og = s->Og, Kp = s->Kp, Opad = s->Opad;                    \
+        const int64_t Hp = s->H + 2 * s->ph, Wp = s->W + 2 * s->pw, L = s->Ho * s->Wo;               \
         T *buf = malloc(sizeof(T) * (size_t)(Hp * Wp * C + PT * Kp) + 64);                           \
         if (!buf) return 1;                                                                          \
         T *rows = buf + Hp * Wp * C;                                                                 \
         int32_t acc[PT][OT];                                                                         \
         for (int64_t n = n0; n < n1; n++) {                                                          \
-            pad_image_##T(x + n * C * s[2] * s[3], s, buf);                                          \
+            pad_image_##T(x + n * C * s->H * s->W, s, buf);                                          \
             for (int64_t g = 0; g < G; g++) {                                                        \
                 const T *wg = w + g * Opad * Kp;                                                     \
                 int32_t *yg = y + (n * G + g) * Og * L;                                              \
@@ -240,7 +225,7 @@ FORWARD(uint16_t, sad_tile_u16)
 
 /* Over R ranges r[4k..4k+3] = (n0, n1, q0, q1), in parallel on OpenMP's threads (torch's runtime,
  * see build.py); serial when built without OpenMP. bytes = 1 (uint8) or 2 (uint16). */
-int adder_int_forward(const void *x, const void *w, int32_t *y, const int64_t *s, int bytes,
+int adder_int_forward(const void *x, const void *w, int32_t *y, const adder_geometry *s, int bytes,
                       const int64_t *r, int64_t R, int nt) {
     int err = 0;
 #pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(| : err)
@@ -254,19 +239,6 @@ int adder_int_forward(const void *x, const void *w, int32_t *y, const int64_t *s
 int adder_int_row_align(void) { return SADB; }
 int adder_int_filter_tile(void) { return OT; }
 int adder_int_pixel_tile(void) { return PT; }
-
-/* The compiled path, for tests and benchmark reports: avx512, avx2, sse2 or plain C. */
-const char *adder_int_path(void) {
-#if defined(INT_AVX512)
-    return "avx512";
-#elif defined(INT_AVX2)
-    return "avx2";
-#elif defined(INT_SSE2)
-    return "sse2";
-#else
-    return "plain C";
-#endif
-}
 
 /* ---- Integer network --------------------------------------------------------------------------
  * A quantised network's integer region in one call (addernet/quant/intnet.py builds the ops).
@@ -359,13 +331,4 @@ int adder_intnet_forward(const intnet_op *ops, int64_t n_ops, int bytes, const f
     return 0;
 }
 
-int adder_intnet_max_outputs(void) { return MAXQ; }
 int adder_intnet_op_size(void) { return (int)sizeof(intnet_op); }
-
-int adder_int_openmp(void) {
-#ifdef _OPENMP
-    return 1;
-#else
-    return 0;
-#endif
-}

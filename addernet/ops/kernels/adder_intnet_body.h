@@ -47,7 +47,7 @@ static inline void CAT(emit1_, SUF)(const intnet_op *op, void **bufs, double a, 
     CAT(emit_q1_, SUF)(op, bufs, v, e);
 }
 
-#if defined(INT_AVX2) && defined(__FMA__)
+#if ISA_AVX2
 /* The same for 4 consecutive elements e..e+3 (slots slot..slot+3), in double lanes: the results
  * equal emit1's exactly (fma is correctly rounded either way). */
 static inline void CAT(emit4_, SUF)(const intnet_op *op, void **bufs, __m256d a, int64_t slot, int64_t e) {

@@ -1,4 +1,4 @@
-"""Compile the plain-C adder kernel on first use and load it with ctypes.
+"""Compile the plain-C adder kernels on first use and load them with ctypes: the one loader of both libraries.
 
 The C file has no torch headers, so it builds in a few seconds with the system compiler instead
 of the minute a torch C++ extension takes. The shared object is cached per user under
@@ -18,6 +18,10 @@ instruction.
 It is built with -fopenmp when the compiler supports it: the library then links libgomp.so.1, and
 the dynamic loader hands it the copy torch already loaded, so the kernels run on torch's own
 OpenMP threads instead of a second pool that would fight torch's spin-waiting workers for the cores.
+
+The C boundary: both libraries include isa.h (the instruction set, adder_path(), adder_openmp()) and
+geometry.h (the layer geometry struct, mirrored by Geometry below); `library` loads one, declares its
+functions' argument and result types and checks that every struct has the size the C code gives it.
 """
 
 import ctypes
@@ -32,9 +36,14 @@ import warnings
 from pathlib import Path
 
 from ...errors import BuildError, ConfigError
+from ..conv_args import out_hw
 
 # library name -> its sources (the first is compiled; the rest are headers it includes)
-SOURCES = {"adder_cpu": ("adder_cpu.c", "adder_cpu_body.h"), "adder_int": ("adder_int.c", "adder_intnet_body.h")}
+SHARED = ("isa.h", "geometry.h")
+SOURCES = {
+    "adder_cpu": ("adder_cpu.c", "adder_cpu_body.h", *SHARED),
+    "adder_int": ("adder_int.c", "adder_intnet_body.h", *SHARED),
+}
 FLAGS = ("-O3", "-fPIC", "-shared", "-std=gnu11")  # no -ffast-math: see adder_cpu.c
 # instruction set -> (compiler flags, /proc/cpuinfo flags a CPU needs to run the result); the x86-64-vN
 # levels are the psABI's, and their flags are those levels' required features
@@ -132,6 +141,54 @@ def _load(name, isa):
         return ctypes.CDLL(str(target))
     except OSError as e:
         raise BuildError(f"cannot load {target}: {e}") from e
+
+
+class Geometry(ctypes.Structure):
+    """One adder layer call's shape: geometry.h's adder_geometry, field for field, passed to every kernel of both
+    libraries. Cgp is the float kernels' padded channels per group, Kp the integer kernel's patch row length; each
+    kernel leaves the other's at 0."""
+
+    _fields_ = [
+        (name, ctypes.c_int64)
+        for name in ("N", "C", "H", "W", "G", "Cg", "Og", "kh", "kw", "sh", "sw", "ph", "pw", "dh", "dw", "Ho", "Wo")
+        + ("Cgp", "Kp", "Opad")
+    ]
+
+    @classmethod
+    def of(cls, x_shape, w_shape, stride, padding, dilation, groups, **padded):
+        """The geometry of input ``x_shape`` (N, C, H, W) against weight ``w_shape`` (O, C/groups, kh, kw), with the
+        padded sizes (Cgp, Kp, Opad) given by the kernel."""
+        (n, c, h, w), (o, cg, kh, kw) = x_shape, w_shape
+        ho, wo = out_hw(x_shape, w_shape, stride, padding, dilation)
+        return cls(n, c, h, w, groups, cg, o // groups, kh, kw, *stride, *padding, *dilation, ho, wo, **padded)
+
+
+# what every library exports (isa.h, geometry.h): name -> (result type, argument types)
+COMMON = {
+    "adder_path": (ctypes.c_char_p, ()),
+    "adder_openmp": (ctypes.c_int, ()),
+    "adder_geometry_size": (ctypes.c_int, ()),
+}
+
+
+def library(name, functions, structs=()):
+    """Library ``name`` built for the instruction set chosen now (cpu_isa: $ADDERNET_CPU_ISA), with COMMON's and
+    ``functions``' (name -> (result type, argument types)) types declared and each of ``structs`` ((C function
+    returning its size, ctypes type) pairs; Geometry always) checked against the C code. Raises BuildError."""
+    isa = cpu_isa()
+    lib = _declared.get((name, isa))
+    if lib is None:
+        lib = load_library(name, isa)
+        for fn, (restype, argtypes) in {**COMMON, **functions}.items():
+            getattr(lib, fn).restype, getattr(lib, fn).argtypes = restype, argtypes
+        for size, struct in (("adder_geometry_size", Geometry), *structs):
+            if getattr(lib, size)() != ctypes.sizeof(struct):
+                raise BuildError(f"{name}: the C code and {struct.__name__} disagree on its layout ({size})")
+        _declared[name, isa] = lib
+    return lib
+
+
+_declared = {}  # (library, isa) -> the library with its functions declared
 
 
 def build_library(name="adder_cpu", isa=None):

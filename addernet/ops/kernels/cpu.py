@@ -15,33 +15,28 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.nn.functional as F
 
-from ..conv_args import compute_dtype, out_hw, output_format
-from .build import cpu_isa, load_library
+from ..conv_args import compute_dtype, output_format
+from .build import Geometry, library
 
 _KERNEL_DTYPES = {torch.float32: "_f", torch.float64: "_d"}
 _pool = (None, 0, 0)  # (executor, workers, pid)
 SERIAL_WORK = 1 << 20
 
+_P, _I64, _GEOM = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(Geometry)
+# adder_cpu.c's functions per dtype suffix: name -> (result type, argument types)
+FUNCTIONS = {"adder_vbytes": (ctypes.c_int, ())}
+for _suf in _KERNEL_DTYPES.values():
+    FUNCTIONS |= {
+        "adder_forward" + _suf: (ctypes.c_int, (_P, _P, _P, _P, _P, _GEOM, *[_I64] * 6)),
+        "adder_grad_input" + _suf: (ctypes.c_int, (_P, _P, _P, _P, _P, _P, _P, _GEOM, *[_I64] * 4)),
+        "adder_forward_ranges" + _suf: (ctypes.c_int, (_P, _P, _P, _P, _P, _GEOM, _P, _I64, ctypes.c_int)),
+        "adder_grad_input_ranges" + _suf: (ctypes.c_int, (_P, _P, _P, _P, _P, _P, _P, _GEOM, _P, _I64, ctypes.c_int)),
+    }
+
 
 def _lib():
     """The kernel library for the instruction set chosen now (build.cpu_isa: $ADDERNET_CPU_ISA)."""
-    return _bind(cpu_isa())
-
-
-@functools.lru_cache(maxsize=None)
-def _bind(isa):
-    lib = load_library(isa=isa)
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    for suf in _KERNEL_DTYPES.values():
-        getattr(lib, "adder_forward" + suf).argtypes = [p, p, p, p, p, p, *[i64] * 6]
-        getattr(lib, "adder_grad_input" + suf).argtypes = [p, p, p, p, p, p, p, p, *[i64] * 4]
-        getattr(lib, "adder_forward_ranges" + suf).argtypes = [p, p, p, p, p, p, p, i64, ctypes.c_int]
-        getattr(lib, "adder_grad_input_ranges" + suf).argtypes = [p, p, p, p, p, p, p, p, p, i64, ctypes.c_int]
-        for name in ("adder_forward", "adder_grad_input", "adder_forward_ranges", "adder_grad_input_ranges"):
-            getattr(lib, name + suf).restype = ctypes.c_int
-    lib.adder_vbytes.restype = ctypes.c_int
-    lib.adder_path.restype = ctypes.c_char_p
-    return lib
+    return library("adder_cpu", FUNCTIONS)
 
 
 def path():
@@ -81,15 +76,13 @@ def _arr(values):
     return (ctypes.c_int64 * len(values))(*values)
 
 
-def _shape(x, w, stride, padding, dilation, groups, cpad):
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    ho, wo = out_hw(x.shape, w.shape, stride, padding, dilation)
+def _geometry(x, w, stride, padding, dilation, groups, cpad):
+    """The call's Geometry; output channels per group padded to the vector width, and with ``cpad`` the input
+    channels per group too (the input gradient's scratch)."""
     vl = _lib().adder_vbytes() // x.element_size()
-    og = o // groups
+    cg, og = w.shape[1], w.shape[0] // groups
     cgp = -(-cg // vl) * vl if cpad else cg
-    opad = -(-og // vl) * vl
-    return [n, c, h, wd, groups, cg, og, kh, kw, *stride, *padding, *dilation, ho, wo, cgp, opad]
+    return Geometry.of(x.shape, w.shape, stride, padding, dilation, groups, Cgp=cgp, Opad=-(-og // vl) * vl)
 
 
 def _splits(total, parts):
@@ -108,26 +101,25 @@ def forward(x, w, stride, padding, dilation, groups):
     """y = -sum|x - w| (no bias), shape (N, Cout, Ho, Wo), in x's memory format (conv_args.output_format)."""
     dt = compute_dtype(x.dtype)
     xk, wk = x.to(dt), w.to(dt)
-    s = _shape(xk, wk, stride, padding, dilation, groups, cpad=False)
+    s = _geometry(xk, wk, stride, padding, dilation, groups, cpad=False)
     vl = _lib().adder_vbytes() // xk.element_size()
-    G, Cg, Og, kh, kw, ho, wo, opad = s[4], s[5], s[6], s[7], s[8], s[15], s[16], s[18]
+    G, Cg, Og, kh, kw = s.G, s.Cg, s.Og, s.kh, s.kw
     K = Cg * kh * kw
     # negated: the kernel computes x - w as fma(x, 1, -w) (same rounding, other pipes; adder_cpu.c)
     wt = wk.detach().neg().reshape(G, Og, Cg, kh, kw).permute(0, 3, 4, 2, 1).reshape(G, K, Og)
-    wt = F.pad(wt, (0, opad - Og))
-    full = opad // (2 * vl) * (2 * vl)  # blocks of 2*vl output channels, [K][block] each; see adder_cpu.c
+    wt = F.pad(wt, (0, s.Opad - Og))
+    full = s.Opad // (2 * vl) * (2 * vl)  # blocks of 2*vl output channels, [K][block] each; see adder_cpu.c
     blocks = wt[..., :full].reshape(G, K, full // (2 * vl), 2 * vl).transpose(1, 2)
     wt = torch.cat([blocks.reshape(G, -1), wt[..., full:].reshape(G, -1)], 1).contiguous()
-    y = torch.empty(s[0], w.shape[0], ho, wo, dtype=dt, memory_format=output_format(x))
+    y = torch.empty(s.N, w.shape[0], s.Ho, s.Wo, dtype=dt, memory_format=output_format(x))
     if y.numel() == 0:
         return y.to(x.dtype)
-    sa, xs, ys = _arr(s), _arr(xk.stride()), _arr(y.stride())
-    workers = torch.get_num_threads()
-    if s[0] >= workers or G >= workers:
-        ranges = [(n0, n1, 0, ho * wo, g0, g1) for n0, n1, g0, g1 in _image_ranges(s[0], G, workers)]
+    workers, pixels = torch.get_num_threads(), s.Ho * s.Wo
+    if s.N >= workers or G >= workers:
+        ranges = [(n0, n1, 0, pixels, g0, g1) for n0, n1, g0, g1 in _image_ranges(s.N, G, workers)]
     else:  # small batch, few groups: split each image's output pixels instead
-        ranges = [(n, n + 1, a, b, 0, G) for n in range(s[0]) for a, b in _splits(ho * wo, workers)]
-    args = (xk.data_ptr(), xs, wt.data_ptr(), y.data_ptr(), ys, sa)
+        ranges = [(n, n + 1, a, b, 0, G) for n in range(s.N) for a, b in _splits(pixels, workers)]
+    args = (xk.data_ptr(), _arr(xk.stride()), wt.data_ptr(), y.data_ptr(), _arr(y.stride()), s)
     _run("adder_forward", dt, args, ranges, y.numel() * wk[0].numel())
     return y.to(x.dtype)
 
@@ -136,8 +128,8 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups):
     """grad_x = sum over the outputs each input touches of g * HardTanh(w - x), in x's memory format."""
     dt = compute_dtype(x.dtype)
     xk, wk, gk = x.to(dt), w.to(dt), grad_out.to(dt)
-    s = _shape(xk, wk, stride, padding, dilation, groups, cpad=True)
-    G, Cg, Og, kh, kw, cgp = s[4], s[5], s[6], s[7], s[8], s[17]
+    s = _geometry(xk, wk, stride, padding, dilation, groups, cpad=True)
+    G, Cg, Og, kh, kw, cgp = s.G, s.Cg, s.Og, s.kh, s.kw, s.Cgp
     vl = _lib().adder_vbytes() // xk.element_size()
     w2 = F.pad(wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 1, 3, 4, 2), (0, cgp - Cg))
     # [G][kh][kw][Cgp/vl][Og][vl]: a kernel tile streams one contiguous block
@@ -153,7 +145,7 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups):
         _arr(gk.stride()),
         gx.data_ptr(),
         _arr(gx.stride()),
-        _arr(s),
+        s,
     )
-    _run("adder_grad_input", dt, args, _image_ranges(s[0], G, torch.get_num_threads()), gk.numel() * wk[0].numel())
+    _run("adder_grad_input", dt, args, _image_ranges(s.N, G, torch.get_num_threads()), gk.numel() * wk[0].numel())
     return gx.to(x.dtype)

@@ -6,13 +6,11 @@ across torch's OpenMP threads like the float kernel (cpu.py).
 """
 
 import ctypes
-import functools
 
 import torch
 import torch.nn.functional as F
 
-from ..conv_args import out_hw
-from .build import cpu_isa, load_library
+from .build import Geometry, library
 
 LANES = {torch.uint8: 1, torch.uint16: 2}
 SERIAL_WORK = 1 << 20  # abs-differences below which one thread is faster than waking the others
@@ -20,24 +18,12 @@ SERIAL_WORK = 1 << 20  # abs-differences below which one thread is faster than w
 
 def _lib():
     """The kernel library for the instruction set chosen now (build.cpu_isa: $ADDERNET_CPU_ISA)."""
-    return _bind(cpu_isa())
-
-
-@functools.lru_cache(maxsize=None)
-def _bind(isa):
-    lib = load_library("adder_int", isa)
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.adder_int_forward.argtypes = [p, p, p, p, ctypes.c_int, p, i64, ctypes.c_int]
-    names = ("adder_int_forward", "adder_int_row_align", "adder_int_filter_tile", "adder_int_pixel_tile")
-    for name in names + ("adder_int_openmp",):
-        getattr(lib, name).restype = ctypes.c_int
-    lib.adder_int_path.restype = ctypes.c_char_p
-    return lib
+    return library("adder_int", FUNCTIONS, (("adder_intnet_op_size", IntnetOp),))
 
 
 def path():
     """The compiled path in use: avx512, avx2, sse2 or plain C."""
-    return _lib().adder_int_path().decode()
+    return _lib().adder_path().decode()
 
 
 def available():
@@ -77,27 +63,25 @@ def forward(x, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, pack
         raise ValueError(
             f"integer adder kernel: input {tuple(x.shape)} does not fit weight {tuple(w.shape)} with groups={groups}"
         )
-    n, c, h, wd = x.shape
-    o, cg, kh, kw = w.shape
-    ho, wo = out_hw(x.shape, w.shape, stride, padding, dilation)
-    if ho < 1 or wo < 1:
-        raise ValueError(f"integer adder kernel: padded input {h}x{wd} is smaller than the kernel {kh}x{kw}")
-    if cg * kh * kw * (2 ** (8 * LANES[x.dtype]) - 1) >= 2**31:
-        raise ValueError(f"integer adder kernel: K={cg * kh * kw} terms of {x.dtype} could overflow int32")
     wt, kp, opad = packed if packed is not None else pack_weight(w, groups)
-    s = [n, c, h, wd, groups, cg, o // groups, kh, kw, *stride, *padding, *dilation, ho, wo, kp, opad]
+    s = Geometry.of(x.shape, w.shape, stride, padding, dilation, groups, Kp=kp, Opad=opad)
+    n, ho, wo, k = s.N, s.Ho, s.Wo, s.Cg * s.kh * s.kw
+    if ho < 1 or wo < 1:
+        raise ValueError(f"integer adder kernel: padded input {s.H}x{s.W} is smaller than the kernel {s.kh}x{s.kw}")
+    if k * (2 ** (8 * LANES[x.dtype]) - 1) >= 2**31:
+        raise ValueError(f"integer adder kernel: K={k} terms of {x.dtype} could overflow int32")
     x = x.contiguous()
-    y = torch.empty(n, o, ho, wo, dtype=torch.int32)
+    y = torch.empty(n, w.shape[0], ho, wo, dtype=torch.int32)
     if y.numel() == 0:
         return y
-    workers = torch.get_num_threads() if y.numel() * cg * kh * kw >= SERIAL_WORK else 1
+    workers = torch.get_num_threads() if y.numel() * k >= SERIAL_WORK else 1
     if n >= workers:
         ranges = [(a, b, 0, ho * wo) for a, b in _splits(n, workers)]
     else:  # small batch: split each image's output pixels instead
         ranges = [(i, i + 1, a, b) for i in range(n) for a, b in _splits(ho * wo, workers)]
     flat = [v for r in ranges for v in r]
     status = _lib().adder_int_forward(
-        x.data_ptr(), wt.data_ptr(), y.data_ptr(), _arr(s), LANES[x.dtype], _arr(flat), len(ranges), workers
+        x.data_ptr(), wt.data_ptr(), y.data_ptr(), s, LANES[x.dtype], _arr(flat), len(ranges), workers
     )
     if status:
         raise MemoryError("integer adder kernel could not allocate its per-image scratch buffer")
@@ -107,7 +91,7 @@ def forward(x, w, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, pack
 # ---- integer network (adder_int.c, "Integer network"): ops built by addernet/quant/intnet.py ----------
 
 OP_ADDER, OP_ENTRY = 0, 1
-MAX_OUTPUTS = 8  # quantised outputs per op (adder_int.c MAXQ)
+MAX_OUTPUTS = 8  # quantised outputs per op (adder_int.c MAXQ; the op size check catches a difference)
 MAX_BUFFERS = 256  # adder_int.c MAXBUF
 
 
@@ -154,20 +138,16 @@ class IntnetOp(ctypes.Structure):
     ]
 
 
-def _net_lib():
-    return _bind_net(cpu_isa())
-
-
-@functools.lru_cache(maxsize=None)
-def _bind_net(isa):
-    lib = _bind(isa)
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.adder_intnet_forward.argtypes = [p, i64, ctypes.c_int, p, i64, p, i64, i64, p, i64, p, i64, i64, ctypes.c_int]
-    for name in ("adder_intnet_forward", "adder_intnet_max_outputs", "adder_intnet_op_size"):
-        getattr(lib, name).restype = ctypes.c_int
-    if lib.adder_intnet_op_size() != ctypes.sizeof(IntnetOp) or lib.adder_intnet_max_outputs() != MAX_OUTPUTS:
-        raise RuntimeError("adder_int.c and int_cpu.IntnetOp disagree on the op layout; rebuild the kernel")
-    return lib
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+# adder_int.c's functions: name -> (result type, argument types)
+FUNCTIONS = {
+    "adder_int_forward": (_INT, (_P, _P, _P, ctypes.POINTER(Geometry), _INT, _P, _I64, _INT)),
+    "adder_int_row_align": (_INT, ()),
+    "adder_int_filter_tile": (_INT, ()),
+    "adder_int_pixel_tile": (_INT, ()),
+    "adder_intnet_forward": (_INT, (_P, _I64, _INT, _P, _I64, _P, _I64, _I64, _P, _I64, _P, _I64, _I64, _INT)),
+    "adder_intnet_op_size": (_INT, ()),
+}
 
 
 def filter_tile():
@@ -190,7 +170,7 @@ def run_network(ops, lane, x, out, buf_off, ws_bytes, rows_off, threads=None):
     n = x.shape[0]
     ws = torch.empty(nt * ws_bytes, dtype=torch.uint8)
     offs = torch.tensor(buf_off, dtype=torch.int64)
-    _net_lib().adder_intnet_forward(
+    _lib().adder_intnet_forward(
         ctypes.addressof(ops),
         len(ops),
         LANES[lane],
