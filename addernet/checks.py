@@ -5,8 +5,9 @@ import math
 from .errors import ConfigError
 
 
-def number(node, key, name, minimum=0, positive=False, integer=False):
-    """node[key] as a finite number >= minimum (> 0 with ``positive``); ``name`` is the dotted key for messages."""
+def number(node, key, name, minimum=0, positive=False, integer=False, example=None):
+    """node[key] as a finite number >= minimum (> 0 with ``positive``); ``name`` is the dotted key for messages,
+    ``example`` the value its message suggests (default: the smallest allowed)."""
     value = node.get(key) if hasattr(node, "get") else None
     kinds = (int,) if integer else (int, float)
     if (
@@ -19,7 +20,7 @@ def number(node, key, name, minimum=0, positive=False, integer=False):
         if integer:
             raise ConfigError(
                 f"{name} must be an integer >= {max(minimum, int(positive))}, got {value!r}; "
-                f"e.g. {name}={max(minimum, 1)}."
+                f"e.g. {name}={max(minimum, 1) if example is None else example}."
             )
         raise ConfigError(f"{name} must be a {'positive' if positive else 'non-negative'} number, got {value!r}.")
     return value

@@ -15,10 +15,11 @@ import torch
 from .. import distributed as dist
 from ..checks import choice, number
 from ..config.validate import check_schema
+from ..data import check_data_values
 from ..data.transforms import AUTO_AUGMENT
-from ..errors import ConfigError
+from ..errors import AdderNetError, ConfigError
 from ..forward import AMP_DTYPES
-from ..models import model_from_config
+from ..models import MODELS, NATIVE_DATA, model_from_config
 from ..ops import BACKENDS
 from ..optim import check_optim, check_sched
 from ..tasks import task_class
@@ -40,10 +41,11 @@ def check_eval_config(cfg):
     """The groups evaluation needs: model, data, trainer (device, amp); returns the model cfg builds, on the meta
     device (its shapes checked against the data)."""
     _groups(cfg, EVAL_GROUPS, "test")
-    for key in ("batch_size", "num_classes", "in_channels"):
-        number(cfg.data, key, f"data.{key}", minimum=1, integer=True)
+    for key, example in (("batch_size", 64), ("num_classes", 10), ("in_channels", 3)):
+        number(cfg.data, key, f"data.{key}", minimum=1, integer=True, example=example)
+    check_data_values(cfg.data)
     if cfg.data.num_workers != "auto":
-        number(cfg.data, "num_workers", "data.num_workers (or auto)", integer=True)
+        number(cfg.data, "num_workers", "data.num_workers", integer=True, example="4 (or auto)")
     for key in ("mean", "std"):  # Normalize would fail deep inside the data loader instead
         values = cfg.data[key]
         if values is not None and len(values) != int(cfg.data.in_channels):
@@ -136,6 +138,11 @@ def _trainer(t):
     seed = number(t, "seed", "trainer.seed", integer=True)
     if seed >= 2**32:  # torch's and the sampler's seeds (seed + rank, seed + epoch) must fit 64 bits
         raise ConfigError(f"trainer.seed={seed} is too large; use an integer in [0, 2**32 - 1].")
+    if isinstance(t.resume, str) and not t.resume.strip():
+        raise ConfigError(
+            "trainer.resume is empty (an unset shell variable?), so the run would start from scratch; give the "
+            "checkpoint or run dir to resume from, or leave trainer.resume out for a fresh start."
+        )
     clip = t.clip_grad_norm
     if clip is not None:
         clip = float(number(t, "clip_grad_norm", "trainer.clip_grad_norm (or null: off)", positive=True))
@@ -220,24 +227,50 @@ def check_stored_model(cfg, stored, source, keys, fix):
         )
 
 
+def _logits(model, channels, size):
+    """The model's output for a batch of 2 images of ``channels`` x ``size`` x ``size`` (on the meta device)."""
+    with torch.device("meta"):
+        return model(torch.empty(2, channels, size, size))
+
+
+def _made_for(cfg, model, channels, classes):
+    """What to use instead: the input size the model is made for (its dataset's, or model.image_size), when a dry
+    run at that size gives one logit per class, else a general hint."""
+    family = MODELS.get(cfg.model.name, (None, None))[1]
+    sizes = [NATIVE_DATA[family][1]] if family in NATIVE_DATA else []
+    sizes += [cfg.model.image_size] if isinstance(cfg.model.get("image_size"), int) else []
+    for size in sizes:
+        try:
+            out = _logits(model, channels, size)
+        except (AdderNetError, RuntimeError, ValueError):
+            continue
+        if isinstance(out, torch.Tensor) and tuple(out.shape) == (2, classes):
+            return (
+                f"model={cfg.model.name} takes {channels}x{size}x{size} inputs: use data.image_size={size} "
+                f"(with images of that size), or a model made for this data."
+            )
+    return "Use the input size the model is made for, or a model made for this data."
+
+
 def check_input_size(cfg):
     """ConfigError when the model cannot take data.image_size x data.image_size inputs, or does not give one
     logit per class for them (a shapes-only dry run); returns the model, on the meta device."""
     size, channels, classes = int(cfg.data.image_size), int(cfg.data.in_channels), int(cfg.data.num_classes)
     with torch.device("meta"):
         model = model_from_config(cfg).eval()
-        try:
-            out = model(torch.empty(2, channels, size, size))
-        except RuntimeError as e:
-            raise ConfigError(
-                f"model={cfg.model.name} cannot take {channels}x{size}x{size} inputs "
-                f"(data.image_size={size}): {str(e).splitlines()[0].rstrip('.')}. Use the model's input size "
-                f"(e.g. data.image_size=28 for lenet5_bn) or a model made for this data."
-            ) from None
+    try:
+        out = _logits(model, channels, size)
+    except AdderNetError:
+        raise  # the model's own one-line message (model=vit built for another size)
+    except (RuntimeError, ValueError) as e:  # torch's shape errors, and the adder layers' own
+        raise ConfigError(
+            f"model={cfg.model.name} cannot take {channels}x{size}x{size} inputs (data.image_size={size}): "
+            f"{str(e).splitlines()[0].rstrip('.')}. {_made_for(cfg, model, channels, classes)}"
+        ) from None
     if isinstance(out, torch.Tensor) and tuple(out.shape) != (2, classes):
         raise ConfigError(
             f"model={cfg.model.name} gives outputs of shape {tuple(out.shape)[1:]} per image for {channels}x{size}x"
-            f"{size} inputs (data.image_size={size}), not one logit for each of data.num_classes={classes}; "
-            f"use the input size the model is made for or a model made for this data."
+            f"{size} inputs (data.image_size={size}), not one logit for each of data.num_classes={classes}. "
+            f"{_made_for(cfg, model, channels, classes)}"
         )
     return model
