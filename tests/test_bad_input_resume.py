@@ -373,3 +373,25 @@ def test_the_overrides_of_a_stored_config_compose_it_again():
     assert stored["data"]["root"] == "/data/a=b,c'\"d" and stored["trainer"]["device"] == "1"
     again = OmegaConf.to_container(compose(rundir.config_overrides(stored)), resolve=True)
     assert again == stored
+
+
+def test_a_run_dir_whose_path_needs_quotes_resumes_from_the_printed_form(tmp_path):
+    """A sweep job's dir (1_optim.lr=0.05,trainer.seed=1) has = and , in its path: the form a stopped run prints
+    (shell_override) resumes it with its recorded overrides, and a failed relaunch there keeps its .hydra/."""
+    import shlex
+
+    from addernet.config.entry import shell_override
+
+    run = tmp_path / "1_optim.lr=0.05,trainer.seed=1"
+    given = shlex.split(shell_override("hydra.run.dir", str(run)))
+    assert given == [f'hydra.run.dir="{run}"']
+    first = _train_py(*FAKE, "trainer.epochs=1", "optim.lr=0.05", *given)
+    assert first.returncode == 0 and (run / "checkpoints" / "last.pt").exists(), first.stderr[-2000:]
+    recorded = (run / ".hydra" / "overrides.yaml").read_text()
+    refused = _train_py(*given, "trainer.epochs=2", "optim.lr=0.5")
+    assert refused.returncode == 2 and "trained with other settings (optim.lr differ)" in refused.stderr
+    assert (run / ".hydra" / "overrides.yaml").read_text() == recorded
+    resumed = _train_py(*given, "trainer.epochs=2")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming with the run dir's recorded overrides: " in resumed.stderr
+    assert [r["epoch"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [1, 2]

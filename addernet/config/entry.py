@@ -10,6 +10,7 @@ import shlex
 import sys
 
 import hydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Quote, QuotedString
 from hydra.errors import HydraException, OverrideParseException
 from omegaconf import OmegaConf
@@ -50,6 +51,34 @@ def run_entry(prog, config_name, task):
         sys.exit(getattr(e, "exit_code", 2))
 
 
+def hydra_value(value):
+    """``value`` (None, bool, number, string, list or dict) in Hydra's override grammar; strings quoted."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return QuotedString(text=value, quote=Quote.single).with_quotes()
+    if isinstance(value, (list, tuple)):
+        return f"[{','.join(map(hydra_value, value))}]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no override form for a {type(value).__name__}")
+
+
+def shell_override(key, text):
+    """``key=text`` for a shell command line: as it is where Hydra reads it back as ``text``, else with ``text`` in
+    Hydra's quotes (a path with = , ~ or a non-ASCII letter); quoted for the shell where needed."""
+    plain = f"{key}={text}"
+    try:
+        same = OverridesParser.create().parse_override(plain).value() == text
+    except HydraException:
+        same = False
+    return shlex.quote(plain if same else f"{key}={QuotedString(text=text, quote=Quote.double).with_quotes()}")
+
+
 def unreadable_value(e):
     """The one line for a value Hydra's override grammar cannot read (a path with = , ~ ( ) or a non-ASCII letter),
     with the quoted form that it reads; None for other errors."""
@@ -59,7 +88,7 @@ def unreadable_value(e):
     if not item or "=" not in item:
         return None
     key, value = item.split("=", 1)
-    quoted = shlex.quote(f"{key}={QuotedString(text=value, quote=Quote.double).with_quotes()}")
+    quoted = shell_override(key, value)
     why = (
         "a comma makes it a list of values (for a list write key=[a,b]; to sweep them add -m)"
         if ambiguous

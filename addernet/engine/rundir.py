@@ -16,12 +16,12 @@ import shutil
 import time
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Quote, QuotedString
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from ..checkpoint import load_checkpoint
 from ..config import config_dir
+from ..config.entry import hydra_value
 from ..distributed import env_rank
 from ..errors import ConfigError
 from .resume_policy import flatten
@@ -164,23 +164,6 @@ def drop_one_shot(run_dir):
     if kept != recorded:
         OmegaConf.save(OmegaConf.create(kept), path + ".tmp")
         os.replace(path + ".tmp", path)
-
-
-def hydra_value(value):
-    """``value`` (None, bool, number, string, list or dict) written in Hydra's override grammar; strings quoted."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return QuotedString(text=value, quote=Quote.single).with_quotes()
-    if isinstance(value, (list, tuple)):
-        return f"[{','.join(map(hydra_value, value))}]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"no override form for a {type(value).__name__}")
 
 
 def config_overrides(config):
