@@ -211,6 +211,8 @@ def test_num_workers_auto_fits_the_machine(monkeypatch):
         (["data=mnist", "model=lenet5_bn", "data.root="], "data.root is empty"),
         (["data=cifar10_folder", "data.root=' '"], "data.root is empty"),
         (["data=imagenet", "data.val_dir="], "data.val_dir is empty"),
+        (["data=cifar10_folder", "data.native_size=-1"], "data.native_size must be the side every image"),
+        (["data=cifar10_folder", "data.native_size=0"], "data.native_size must be the side every image"),
     ],
 )
 def test_a_data_value_that_would_fail_inside_torchvision_is_one_line(overrides, message):
@@ -223,3 +225,9 @@ def test_a_folder_dataset_under_a_null_root_is_named_as_such():
     """data=cifar10_folder data.root=null: the folders ${data.root}/train and /test read "None/train"."""
     with pytest.raises(DataError, match=r"^data.root is null, but data.train_dir=None/train is made from it"):
         build_dataset(compose(["data=cifar10_folder", "data.root=null"]).data, "train")
+
+
+def test_an_empty_checkpoint_path_is_no_checkpoint_not_the_current_directory():
+    cfg, overrides = _eval_cfg("")
+    with pytest.raises(ConfigError, match=r"^no checkpoint given: python test.py checkpoint=PATH"):
+        evaluate_checkpoint(cfg, overrides)

@@ -276,7 +276,7 @@ def folder_dataset(data_cfg, split, transform):
 
 def check_data_values(data_cfg):
     """ConfigError for a data setting that would fail deep inside torchvision or read the wrong place, checked
-    before anything is built or downloaded: the image size, the subset sizes, and where the data lies."""
+    before anything is built or downloaded: the image sizes, the subset sizes, and where the data lies."""
     name = f"data={data_cfg.get('name')}"
     number(data_cfg, "image_size", "data.image_size", minimum=1, integer=True, example=32)
     fake = data_cfg.get("kind") == "fake"
@@ -290,6 +290,12 @@ def check_data_values(data_cfg):
                 f"data.{key} must be {size} (an integer >= 1){'' if fake else ' or null (all images)'}, got "
                 f"{'null' if value is None else repr(value)}; e.g. data.{key}={64 if fake else 1000}."
             )
+    native = data_cfg.get("native_size")
+    if native is not None and (isinstance(native, bool) or not isinstance(native, int) or native < 1):
+        raise ConfigError(
+            f"data.native_size must be the side every image of the folder has (an integer >= 1) or null (any "
+            f"size), got {native!r}; e.g. data.native_size=32."
+        )
     for key in ("root", "train_dir", "val_dir"):
         value = data_cfg.get(key)
         if isinstance(value, str) and not value.strip():
