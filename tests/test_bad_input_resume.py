@@ -362,12 +362,13 @@ def test_a_run_without_its_launch_record_resumes_from_its_checkpoints_config(tmp
 
 
 def test_the_overrides_of_a_stored_config_compose_it_again():
-    """Values Hydra's grammar would misread unquoted (=, a comma, a quote, a string that reads as a number or null)
-    and float forms (1e-05) come back as they were."""
+    """Values Hydra's grammar would misread unquoted (=, a comma, a quote, a string that reads as a number or null),
+    float forms (1e-05), list groups and a task class's own keys come back as they were."""
     cfg = compose(
         FAKE
         + ["data.root='/data/a=b,c\\'\"d'", "trainer.device='1'", "optim.weight_decay=1e-05", "data.std=[0.25]"]
         + ["data.mean=[0.5]", "data.in_channels=1", "sched=cosine_warmup", "logger=[tensorboard,mlflow]"]
+        + ["task.name=helpers.SlowStepTask", "+task.delay=0.2"]  # a task class's own key, outside the schema
     )
     stored = OmegaConf.to_container(cfg, resolve=True)
     assert stored["data"]["root"] == "/data/a=b,c'\"d" and stored["trainer"]["device"] == "1"

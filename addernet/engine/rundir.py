@@ -180,7 +180,8 @@ def config_overrides(config):
             choices.append(f"{group}={node['name']}")
         elif node and options == list(node):  # a list group: logger=[tensorboard,mlflow]
             choices.append(f"{group}=[{','.join(options)}]")
-    values = [f"{k}={hydra_value(v)}" for k, v in flatten(config).items() if not isinstance(v, dict)]
+    # ++: also a key a task class adds outside the schema (+task.delay=...); the config check still sees every key
+    values = [f"++{k}={hydra_value(v)}" for k, v in flatten(config).items() if not isinstance(v, dict)]
     return choices + values
 
 
