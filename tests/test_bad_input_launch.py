@@ -222,3 +222,26 @@ def test_a_wrong_input_size_is_one_line_naming_the_size_the_model_takes(override
     assert "\n" not in message and takes in message, message
     size = re.search(r"use (data.image_size=\d+)", message).group(1)
     check_config(compose([*overrides, size]))  # the size it names is accepted
+
+
+def test_a_failed_launch_under_torchrun_leaves_no_empty_dir_of_another_rank(tmp_path, monkeypatch):
+    """Each rank's Hydra makes outputs/<date>/<time> of its own second; rank 0's is the run's. A rank > 0 removes
+    its own when the launch fails before the run dirs are shared, and only while it is empty."""
+    from addernet.engine.rundir import keep_run_dir_on_failure
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "1")
+    for name, content in (("12-00-01", None), ("12-00-02", "rank 0's train.log")):
+        run = tmp_path / "outputs" / "2026-01-01" / name
+        run.mkdir(parents=True)
+        if content:
+            (run / "train.log").write_text(content)
+        with pytest.raises(SystemExit), keep_run_dir_on_failure([]) as launch:
+            launch.started(str(run))
+            sys.exit(2)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "outputs",
+        "outputs/2026-01-01",
+        "outputs/2026-01-01/12-00-02",
+        "outputs/2026-01-01/12-00-02/train.log",
+    ]

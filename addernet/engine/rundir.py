@@ -310,6 +310,12 @@ class Launch:
         if self.before is None:
             _remove_empty(self.parents, os.path.dirname(run_dir))
 
+    def remove_own_empty(self):
+        """Under torchrun, a rank > 0's own run dir (Hydra's outputs/<date>/<time> of its second; rank 0's is
+        used by all) when left empty: it holds nothing, so nothing of another process is removed."""
+        if self.run_dir and not self.given and self.before is None:
+            _remove_empty(None, self.run_dir)
+
 
 def _missing_parents(folder):
     """The folders of ``folder``'s path that do not exist, deepest first."""
@@ -366,13 +372,15 @@ def keep_run_dir_on_failure(argv):
     try:
         yield launch
     except BaseException as e:
-        if main and not (isinstance(e, SystemExit) and e.code in (0, None)):
-            if saved is not None:
-                stat = os.stat(os.path.join(launch.given, "config.yaml"))
-                if (stat.st_ino, stat.st_mtime_ns, stat.st_size) == saved[0]:
-                    _restore_hydra(launch.given, saved[1])
-            else:
-                launch.remove_created()
+        failed = not (isinstance(e, SystemExit) and e.code in (0, None))
+        if failed and saved is not None:
+            stat = os.stat(os.path.join(launch.given, "config.yaml"))
+            if (stat.st_ino, stat.st_mtime_ns, stat.st_size) == saved[0]:
+                _restore_hydra(launch.given, saved[1])
+        elif failed and main:
+            launch.remove_created()
+        elif failed:
+            launch.remove_own_empty()
         raise
 
 
