@@ -245,3 +245,14 @@ def test_a_failed_launch_under_torchrun_leaves_no_empty_dir_of_another_rank(tmp_
         "outputs/2026-01-01/12-00-02",
         "outputs/2026-01-01/12-00-02/train.log",
     ]
+
+
+def test_a_failed_launch_into_an_interpolated_run_dir_keeps_what_was_there(tmp_path, monkeypatch):
+    """hydra.run.dir=${oc.env:RUN}: the dir is known once Hydra resolved it; the user's files there stay."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    monkeypatch.setenv("RUN", str(tmp_path / "mine"))
+    proc = run_main(train_py, "train.py", [*FAKE, "trainer.epochs=1", "data.val_size=0", "hydra.run.dir=${oc.env:RUN}"])
+    assert proc.returncode == 2 and "the fake val set is empty" in proc.stderr, proc.stderr[-2000:]
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "the user's"

@@ -288,6 +288,8 @@ class Launch:
         """The run dir Hydra chose and created; one it chose itself (outputs/<date>/<time>) holding only Hydra's
         .hydra/ is new."""
         self.run_dir = os.path.abspath(run_dir)
+        if self.given and os.path.realpath(self.given) != os.path.realpath(self.run_dir):
+            self.given, self.parents = None, None  # not the dir it names (an interpolation): judged as Hydra's own
         if not self.given:
             entries = set(os.listdir(self.run_dir))
             self.before = None if entries <= {".hydra"} else entries
