@@ -12,8 +12,9 @@ def _get(node, key):
     return node.get(key) if hasattr(node, "get") else getattr(node, key, None)
 
 
-def number(node, key, name, minimum=0, positive=False, integer=False):
-    """node[key] as a finite number >= minimum (> 0 with ``positive``); ``name`` is the dotted key for messages."""
+def number(node, key, name, minimum=0, positive=False, integer=False, example=None):
+    """node[key] as a finite number >= minimum (> 0 with ``positive``); ``name`` is the dotted key for messages,
+    ``example`` the value its message suggests (default: the smallest allowed)."""
     value = _get(node, key)
     kinds = (int,) if integer else (int, float)
     if (
@@ -26,7 +27,7 @@ def number(node, key, name, minimum=0, positive=False, integer=False):
         if integer:
             raise ConfigError(
                 f"{name} must be an integer >= {max(minimum, int(positive))}, got {value!r}; "
-                f"e.g. {name}={max(minimum, 1)}."
+                f"e.g. {name}={max(minimum, 1) if example is None else example}."
             )
         raise ConfigError(f"{name} must be a {'positive' if positive else 'non-negative'} number, got {value!r}.")
     return value

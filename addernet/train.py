@@ -4,6 +4,7 @@ The repository's train.py runs this. See configs/train.yaml and docs/training.md
 (scripts/dist_train.sh) every rank uses rank 0's run dir and only rank 0 writes.
 """
 
+import functools
 import sys
 
 from hydra.core.hydra_config import HydraConfig
@@ -13,17 +14,21 @@ from omegaconf.errors import OmegaConfBaseException
 from .config.entry import run_entry
 from .distributed import env_rank
 from .engine import train
-from .engine.rundir import keep_run_dir_on_failure, with_stored_overrides
+from .engine.rundir import check_run_dir_given, drop_one_shot, keep_run_dir_on_failure, with_stored_overrides
 from .engine.sweep import record_failure, sweep_exit_code
-from .errors import AdderNetError, Preempted
+from .errors import AdderNetError, Preempted, reported
 
 # hydra.output_subdir is ${rank0_only:.hydra}: ranks > 0 write no .hydra/ folder.
 OmegaConf.register_new_resolver("rank0_only", lambda value: value if env_rank() == 0 else None, replace=True)
 
 
-def task(cfg):
+def task(launch, cfg):
+    run_dir = HydraConfig.get().runtime.output_dir
+    launch.started(run_dir)
+    if env_rank() == 0:
+        drop_one_shot(run_dir)  # trainer.resume_override=true is this launch's, never replayed by a later resume
     try:
-        return train(cfg, HydraConfig.get().runtime.output_dir)["best_top1"]
+        return train(cfg, run_dir)["best_top1"]
     except (AdderNetError, OmegaConfBaseException) as e:
         message = f"train.py: {'' if isinstance(e, Preempted) else 'error: '}{e}"
         print(message, file=sys.stderr)
@@ -39,11 +44,13 @@ def task(cfg):
 
 
 def main():
-    sys.argv[1:], stored = with_stored_overrides(sys.argv[1:])
-    if stored:
-        print(f"train.py: resuming with the run dir's recorded overrides: {' '.join(stored)}", file=sys.stderr)
-    with keep_run_dir_on_failure(sys.argv[1:]):
-        run_entry("train.py", "train", task)
+    with reported("train.py"):
+        check_run_dir_given(sys.argv[1:])
+        sys.argv[1:], source = with_stored_overrides(sys.argv[1:])
+    if source:
+        print(f"train.py: resuming with {source}", file=sys.stderr)
+    with keep_run_dir_on_failure(sys.argv[1:]) as launch:
+        run_entry("train.py", "train", functools.partial(task, launch))
     sys.exit(sweep_exit_code())
 
 

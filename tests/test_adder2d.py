@@ -233,8 +233,10 @@ def test_autocast_runs_the_layer_in_float32(backend, backend_env, dtype):
 
 def test_bad_inputs_raise_clear_errors(backend_env):
     layer = Adder2d(4, 8, 3)
-    with pytest.raises(ValueError, match="4-D input"):
-        layer(torch.randn(4, 8, 8))
+    with pytest.raises(ValueError, match=r"a batch \(N, C, H, W\) or one image \(C, H, W\), got shape \(8, 8\)"):
+        layer(torch.randn(8, 8))
+    with pytest.raises(ValueError, match=r"got shape \(1, 1, 4, 8, 8\)"):
+        layer(torch.randn(1, 1, 4, 8, 8))
     with pytest.raises(ValueError, match="expected input with 4 channels"):
         layer(torch.randn(1, 5, 8, 8))
     with pytest.raises(ValueError, match="smaller than the effective kernel"):
@@ -429,3 +431,26 @@ def test_peak_memory_bounded_where_reference_needs_gigabytes():
     act = n * c * hw * hw * 4
     # y, grad_x, grad_w, library workspaces: a few activations, like nn.Conv2d (peaks["conv"])
     assert peaks["fast"] < 6 * act, (peaks, act)
+
+
+@pytest.mark.parametrize("backend", list(ALL_BACKENDS))
+def test_one_unbatched_image_as_conv2d_takes_it(backend, backend_env):
+    """A (C, H, W) input gives (O, H', W'), the shape nn.Conv2d gives it, with the values and gradients of the same
+    image as a batch of one, which the closed form checks."""
+    backend_env(backend)
+    torch.manual_seed(7)
+    layer, conv = Adder2d(3, 4, 3, stride=2, padding=1, bias=True).double(), nn.Conv2d(3, 4, 3, 2, 1).double()
+    with torch.no_grad():
+        layer.bias.copy_(torch.randn(4))
+    x = torch.randn(3, 5, 6, dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    assert y.shape == conv(x).shape == (4, 3, 3)
+    g = torch.randn_like(y)
+    gx, gw, gb = torch.autograd.grad(y, [x, layer.weight, layer.bias], g)
+    y_c, gx_c, gw_c = _closed_form(x.detach()[None], layer.weight.detach(), g[None], 2, 1)
+    torch.testing.assert_close(y.detach(), y_c[0] + layer.bias.detach().view(-1, 1, 1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gx, gx_c[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gw, gw_c, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gb, g.sum((1, 2)), rtol=1e-12, atol=1e-12)
+    batched = layer(x.detach()[None])
+    assert torch.equal(y.detach(), batched[0].detach())

@@ -183,3 +183,51 @@ def test_num_workers_auto_fits_the_machine(monkeypatch):
     assert 1 <= num_workers(cfg) <= cpus
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(2 * cpus))  # more processes than CPUs on this machine
     assert num_workers(cfg) == 1
+
+
+# --- sizes and places checked before anything is built or downloaded -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            FAKE + ["data.train_size=-5"],
+            "data.train_size must be the number of random images (an integer >= 1), got -5",
+        ),
+        (FAKE + ["data.val_size=-1"], "data.val_size must be the number of random images"),
+        (
+            FAKE + ["data.train_size=null"],
+            "data.train_size must be the number of random images (an integer >= 1), got null",
+        ),
+        (FAKE + ["data.image_size=0"], "data.image_size must be an integer >= 1, got 0; e.g. data.image_size=32."),
+        (FAKE + ["data.image_size=-3"], "data.image_size must be an integer >= 1, got -3"),
+        (
+            ["data=cifar10_folder", "data.train_size=-3"],
+            "data.train_size must be a number of images (an integer >= 1) or null (all images), got -3",
+        ),
+        (["data=mnist", "model=lenet5_bn", "data.root=null"], "data.root is null, but data=mnist reads its files"),
+        (["data=cifar10", "data.root=null"], "data.root is null, but data=cifar10 reads its files"),
+        (["data=mnist", "model=lenet5_bn", "data.root="], "data.root is empty"),
+        (["data=cifar10_folder", "data.root=' '"], "data.root is empty"),
+        (["data=imagenet", "data.val_dir="], "data.val_dir is empty"),
+        (["data=cifar10_folder", "data.native_size=-1"], "data.native_size must be the side every image"),
+        (["data=cifar10_folder", "data.native_size=0"], "data.native_size must be the side every image"),
+    ],
+)
+def test_a_data_value_that_would_fail_inside_torchvision_is_one_line(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        check_config(compose(overrides))
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_folder_dataset_under_a_null_root_is_named_as_such():
+    """data=cifar10_folder data.root=null: the folders ${data.root}/train and /test read "None/train"."""
+    with pytest.raises(DataError, match=r"^data.root is null, but data.train_dir=None/train is made from it"):
+        build_dataset(compose(["data=cifar10_folder", "data.root=null"]).data, "train")
+
+
+def test_an_empty_checkpoint_path_is_no_checkpoint_not_the_current_directory():
+    cfg, overrides = _eval_cfg("")
+    with pytest.raises(ConfigError, match=r"^no checkpoint given: python test.py checkpoint=PATH"):
+        evaluate_checkpoint(cfg, overrides)

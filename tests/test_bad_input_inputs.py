@@ -427,3 +427,40 @@ def test_added_unknown_key_is_rejected_with_the_valid_ones(tmp_path):
         check_config(compose(["+trainer.epoch=1"]))
     with pytest.raises(ConfigError, match=r"unknown key data.val_dri \(did you mean data.val_size\?\): data=mnist has"):
         evaluate_checkpoint(*_eval_cfg(REPO / "addernet" / "zoo" / "mnist_lenet5_bn_adder.pt", "+data.val_dri=/x"))
+
+
+# --- the command line: values Hydra's grammar cannot read, a preset's key the chosen option lacks ------------------
+
+
+@pytest.mark.parametrize("name", ["a=b", "a,b", "~", "a~b", "café", "a(1)", "it's"])
+def test_a_path_the_override_grammar_cannot_read_gets_its_quoted_form(tmp_path, name):
+    """The suggested form, given as it is printed, reads as the path itself."""
+    import re
+    import shlex
+
+    from addernet.train import main as train_py
+
+    from helpers import run_main
+
+    path = f"{tmp_path}/{name}/run"
+    proc = run_main(train_py, "train.py", [*FAKE, f"hydra.run.dir={path}"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"train.py: error: cannot read the value of hydra.run.dir={path}: ")
+    quoted = shlex.split(re.search(r"quote the value: (.*?)(?: \(quoted, a leading ~.*)?\.$", proc.stderr).group(1))
+    shown = run_main(train_py, "train.py", [*quoted, "--cfg", "hydra", "--package", "hydra.run"])
+    assert shown.returncode == 0, shown.stderr
+    assert OmegaConf.create(shown.stdout).dir == path
+    assert not os.path.exists(tmp_path / name)
+
+
+def test_a_key_of_the_preset_that_the_chosen_option_lacks_is_named():
+    from addernet.train import main as train_py
+
+    from helpers import run_main
+
+    proc = run_main(train_py, "train.py", ["experiment=mnist_lenet5_bn_adder", "model=resnet20"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(
+        "train.py: error: experiment=mnist_lenet5_bn_adder sets model.adder_layers, which model=resnet20 does not have"
+    )
+    assert "Drop model=resnet20" in proc.stderr

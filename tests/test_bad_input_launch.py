@@ -150,3 +150,109 @@ def test_the_printed_resume_command_run_verbatim_resumes_with_the_stored_setting
     assert metrics_without_timing(run / "metrics.jsonl") == reference
     assert metrics_without_timing(forked / "metrics.jsonl") == reference
     assert (run / "config.yaml").read_text() == (tmp_path / "reference" / "config.yaml").read_text()
+
+
+# ---- where a launch writes: never the current directory by accident, nothing left by a failed first launch ----
+
+
+@pytest.mark.parametrize("empty", ["hydra.run.dir=", "hydra.run.dir=''", "hydra.run.dir=' '"])
+def test_an_empty_run_dir_is_refused_before_anything_is_written(tmp_path, monkeypatch, empty):
+    """An unset shell variable (hydra.run.dir=$RUN) would write the run into the current directory."""
+    monkeypatch.chdir(tmp_path)
+    proc = run_main(train_py, "train.py", [*FAKE, "trainer.epochs=1", empty])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("train.py: error: hydra.run.dir is empty") and proc.stderr.count("\n") == 1
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_empty_trainer_resume_is_refused_not_a_fresh_start():
+    with pytest.raises(ConfigError, match=r"^trainer.resume is empty .* start from scratch"):
+        check_config(compose(FAKE + ["trainer.resume="]))
+
+
+@pytest.mark.parametrize("where", ["new", "nested", "hydra's default", "existing"])
+def test_a_failed_first_launch_removes_what_it_created(tmp_path, monkeypatch, where):
+    """A launch that fails on bad data after taking the run dir (.hydra/, .lock, checkpoints/, train.log written)
+    removes them: the whole run dir and the folders made for it when it is new, only its own files in a folder
+    that existed (the user's files and the folders above stay)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    run = {"new": "runs/run", "nested": "runs/a/b/run", "hydra's default": None, "existing": "runs"}[where]
+    (tmp_path / "runs" / "notes.txt").write_text("the user's")
+    args = [*FAKE, "trainer.epochs=1", "data.val_size=0"] + ([f"hydra.run.dir={run}"] if run else [])
+    proc = run_main(train_py, "train.py", args)
+    assert proc.returncode == 2 and "the fake val set is empty" in proc.stderr, proc.stderr[-2000:]
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert left == ["runs", "runs/notes.txt"]
+
+
+def test_a_failed_launch_removes_nothing_while_another_run_holds_the_lock(tmp_path):
+    from addernet.engine.rundir import Launch, lock_run_dir
+
+    run = tmp_path / "run"
+    launch = Launch([f"hydra.run.dir={run}"])
+    lock = lock_run_dir(str(run))  # a second launch into the same new dir took it first
+    try:
+        launch.remove_created()
+        assert (run / ".lock").exists()
+    finally:
+        lock.close()
+    launch.remove_created()
+    assert not run.exists()
+
+
+# ---- the dry run: the input size the model is made for ----
+
+
+@pytest.mark.parametrize(
+    "overrides, takes",
+    [
+        (["experiment=mnist_lenet5_bn_adder", "data=fake"], "model=lenet5_bn takes 3x28x28 inputs"),  # 32x32 fake
+        (FAKE + ["model.adder_layers=all", "data.image_size=32"], "model=lenet5_bn takes 3x28x28 inputs"),
+        (FAKE + ["data.image_size=32"], "model=lenet5_bn takes 3x28x28 inputs"),
+        (["data=fake", "model=vgg_small", "data.image_size=40"], "model=vgg_small takes 3x32x32 inputs"),
+        (["data=fake", "data.image_size=40"], "model=resnet20 takes 3x32x32 inputs"),  # 90 logits per image
+        (["data=fake", "data.image_size=4"], "model=resnet20 takes 3x32x32 inputs"),
+    ],
+)
+def test_a_wrong_input_size_is_one_line_naming_the_size_the_model_takes(overrides, takes):
+    with pytest.raises(ConfigError) as e:
+        check_config(compose(overrides))
+    message = str(e.value)
+    assert "\n" not in message and takes in message, message
+    size = re.search(r"use (data.image_size=\d+)", message).group(1)
+    check_config(compose([*overrides, size]))  # the size it names is accepted
+
+
+def test_a_failed_launch_under_torchrun_leaves_no_empty_dir_of_another_rank(tmp_path, monkeypatch):
+    """Each rank's Hydra makes outputs/<date>/<time> of its own second; rank 0's is the run's. A rank > 0 removes
+    its own when the launch fails before the run dirs are shared, and only while it is empty."""
+    from addernet.engine.rundir import keep_run_dir_on_failure
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "1")
+    for name, content in (("12-00-01", None), ("12-00-02", "rank 0's train.log")):
+        run = tmp_path / "outputs" / "2026-01-01" / name
+        run.mkdir(parents=True)
+        if content:
+            (run / "train.log").write_text(content)
+        with pytest.raises(SystemExit), keep_run_dir_on_failure([]) as launch:
+            launch.started(str(run))
+            sys.exit(2)
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "outputs",
+        "outputs/2026-01-01",
+        "outputs/2026-01-01/12-00-02",
+        "outputs/2026-01-01/12-00-02/train.log",
+    ]
+
+
+def test_a_failed_launch_into_an_interpolated_run_dir_keeps_what_was_there(tmp_path, monkeypatch):
+    """hydra.run.dir=${oc.env:RUN}: the dir is known once Hydra resolved it; the user's files there stay."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    monkeypatch.setenv("RUN", str(tmp_path / "mine"))
+    proc = run_main(train_py, "train.py", [*FAKE, "trainer.epochs=1", "data.val_size=0", "hydra.run.dir=${oc.env:RUN}"])
+    assert proc.returncode == 2 and "the fake val set is empty" in proc.stderr, proc.stderr[-2000:]
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "the user's"

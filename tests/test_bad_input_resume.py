@@ -306,3 +306,93 @@ def test_disk_full_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, mo
         train(compose(FAKE + ["trainer.epochs=2"]), str(run))
     monkeypatch.undo()
     assert last.read_bytes() == before and sorted(os.listdir(last.parent)) == ["best.pt", "last.pt"]
+
+
+# ---- what a resume replays: the launch record or the checkpoint's config, never a one-shot permission ----
+
+
+def _train_py(*args):
+    from addernet.train import main as train_py
+
+    from helpers import run_main
+
+    return run_main(train_py, "train.py", [str(a) for a in args])
+
+
+def test_resume_override_is_not_replayed_by_a_later_resume(tmp_path):
+    """trainer.resume_override=true lets that launch change settings; a later resume of the run dir alone compares
+    with the checkpoint again and refuses a change, also where the launch record holds the permission."""
+    run = tmp_path / "run"
+    first = _train_py(*FAKE, "trainer.epochs=1", f"hydra.run.dir={run}")
+    assert first.returncode == 0, first.stderr[-2000:]
+    override = _train_py(f"hydra.run.dir={run}", "trainer.epochs=2", "optim.lr=0.05", "trainer.resume_override=true")
+    assert override.returncode == 0, override.stderr[-2000:]
+    assert load_checkpoint(run / "checkpoints" / "last.pt")["config"]["optim"]["lr"] == 0.05
+    recorded = OmegaConf.load(run / ".hydra" / "overrides.yaml")
+    assert "optim.lr=0.05" in recorded and not [o for o in recorded if "resume_override" in o]
+    (run / ".hydra" / "overrides.yaml").write_text(  # a record that holds it (written by an older version)
+        OmegaConf.to_yaml(OmegaConf.create([*recorded, "trainer.resume_override=true"]))
+    )
+    kept = (run / "config.yaml").read_text()
+    later = _train_py(f"hydra.run.dir={run}", "optim.lr=0.5", "trainer.seed=7", "trainer.epochs=3")
+    assert later.returncode == 2, later.stderr[-2000:]
+    assert "trained with other settings (optim.lr, trainer.seed differ)" in later.stderr
+    assert "Traceback" not in later.stderr and (run / "config.yaml").read_text() == kept
+
+
+def test_a_run_without_its_launch_record_resumes_from_its_checkpoints_config(tmp_path):
+    """A run dir without .hydra/overrides.yaml (copied without it, or trained through the API): trainer.resume=<its
+    checkpoint> and hydra.run.dir=<it> resume with the config stored in the checkpoint, not the default
+    ResNet-20/CIFAR-10 config; what the command line gives wins."""
+    run = _run(tmp_path, "trainer.epochs=1", "optim.lr=0.05", "data.train_size=48", "model.layer=conv")
+    assert not (run / ".hydra").exists()
+    fork = tmp_path / "fork"
+    forked = _train_py(f"trainer.resume={run / 'checkpoints' / 'last.pt'}", f"hydra.run.dir={fork}", "trainer.epochs=2")
+    assert forked.returncode == 0, forked.stderr[-2000:]
+    assert f"resuming with the config stored in {run / 'checkpoints' / 'last.pt'} (model=lenet5_bn" in forked.stderr
+    stored, continued = (OmegaConf.load(d / "config.yaml") for d in (run, fork))
+    assert continued.trainer.epochs == 2 and continued.trainer.resume == str(run / "checkpoints" / "last.pt")
+    for node in (stored, continued):
+        node.trainer.epochs, node.trainer.resume = 0, None
+    assert continued == stored
+    assert [r["epoch"] for r in map(json.loads, (fork / "metrics.jsonl").read_text().splitlines())] == [1, 2]
+    resumed = _train_py(f"hydra.run.dir={run}", "trainer.epochs=2")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert metrics_without_timing(run / "metrics.jsonl") == metrics_without_timing(fork / "metrics.jsonl")
+
+
+def test_the_overrides_of_a_stored_config_compose_it_again():
+    """Values Hydra's grammar would misread unquoted (=, a comma, a quote, a string that reads as a number or null),
+    float forms (1e-05), list groups and a task class's own keys come back as they were."""
+    cfg = compose(
+        FAKE
+        + ["data.root='/data/a=b,c\\'\"d'", "trainer.device='1'", "optim.weight_decay=1e-05", "data.std=[0.25]"]
+        + ["data.mean=[0.5]", "data.in_channels=1", "sched=cosine_warmup", "logger=[tensorboard,mlflow]"]
+        + ["task.name=helpers.SlowStepTask", "+task.delay=0.2"]  # a task class's own key, outside the schema
+    )
+    stored = OmegaConf.to_container(cfg, resolve=True)
+    assert stored["data"]["root"] == "/data/a=b,c'\"d" and stored["trainer"]["device"] == "1"
+    again = OmegaConf.to_container(compose(rundir.config_overrides(stored)), resolve=True)
+    assert again == stored
+
+
+def test_a_run_dir_whose_path_needs_quotes_resumes_from_the_printed_form(tmp_path):
+    """A sweep job's dir (1_optim.lr=0.05,trainer.seed=1) has = and , in its path: the form a stopped run prints
+    (shell_override) resumes it with its recorded overrides, and a failed relaunch there keeps its .hydra/."""
+    import shlex
+
+    from addernet.config.entry import shell_override
+
+    run = tmp_path / "1_optim.lr=0.05,trainer.seed=1"
+    given = shlex.split(shell_override("hydra.run.dir", str(run)))
+    assert given == [f'hydra.run.dir="{run}"']
+    first = _train_py(*FAKE, "trainer.epochs=1", "optim.lr=0.05", *given)
+    assert first.returncode == 0 and (run / "checkpoints" / "last.pt").exists(), first.stderr[-2000:]
+    recorded = (run / ".hydra" / "overrides.yaml").read_text()
+    refused = _train_py(*given, "trainer.epochs=2", "optim.lr=0.5")
+    assert refused.returncode == 2 and "trained with other settings (optim.lr differ)" in refused.stderr
+    assert (run / ".hydra" / "overrides.yaml").read_text() == recorded
+    resumed = _train_py(*given, "trainer.epochs=2")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming with the run dir's recorded overrides: " in resumed.stderr
+    assert [r["epoch"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [1, 2]

@@ -104,10 +104,10 @@ class Data:
     skip_corrupt: bool = False  # true: skip unreadable image files (counted per epoch) instead of stopping
 
     def __post_init__(self):
-        for key in ("batch_size", "num_classes", "in_channels"):
-            number(self, key, f"data.{key}", minimum=1, integer=True)
+        for key, example in (("batch_size", 64), ("num_classes", 10), ("in_channels", 3)):
+            number(self, key, f"data.{key}", minimum=1, integer=True, example=example)
         if self.num_workers != "auto":
-            number(self, "num_workers", "data.num_workers (or auto)", integer=True)
+            number(self, "num_workers", "data.num_workers", integer=True, example="4 (or auto)")
         for key in ("mean", "std"):  # Normalize would fail deep inside the data loader instead
             _check_channels(key, getattr(self, key), self.in_channels)
         if number(self, "random_erasing", "data.random_erasing") > 1:
@@ -300,6 +300,11 @@ class Trainer:
         if number(self, "seed", "trainer.seed", integer=True) >= 2**32:  # seed + rank, seed + epoch: 64 bits
             raise ConfigError(f"trainer.seed={self.seed} is too large; use an integer in [0, 2**32 - 1].")
         number(self, "dist_timeout", "trainer.dist_timeout", positive=True)
+        if isinstance(self.resume, str) and not self.resume.strip():
+            raise ConfigError(
+                "trainer.resume is empty (an unset shell variable?), so the run would start from scratch; give the "
+                "checkpoint or run dir to resume from, or leave trainer.resume out for a fresh start."
+            )
         for key in ("log_every", "hist_every", "accumulate"):
             number(self, key, f"trainer.{key}", minimum=1, integer=True)
         if self.clip_grad_norm is not None:

@@ -21,7 +21,8 @@ import numpy as np
 from PIL import Image
 from torchvision import datasets as tvd
 
-from ..errors import DataError
+from ..checks import number
+from ..errors import ConfigError, DataError
 from ..registry import registrar
 from .subset import take_subset
 from .transforms import build_transform
@@ -239,8 +240,14 @@ def _reason(error):
 def folder_dataset(data_cfg, split, transform):
     """An ImageFolder tree ``data.train_dir`` / ``data.val_dir``; ``data.native_size``: the one size every image has
     (a crop of a larger image would keep a part of it), or null for images of any size."""
-    path = os.path.abspath(data_cfg.train_dir if split == "train" else data_cfg.val_dir)
+    given = str(data_cfg.train_dir if split == "train" else data_cfg.val_dir)
     key = "data.train_dir" if split == "train" else "data.val_dir"
+    if data_cfg.get("root") is None and given.split("/")[0] == "None":  # ${data.root}/train with data.root=null
+        raise DataError(
+            f"data.root is null, but {key}={given} is made from it (data={data_cfg.name}); set data.root=<the "
+            f"folder holding train/ and {os.path.basename(str(data_cfg.val_dir))}/>, or {key}=/path/to/imagefolder."
+        )
+    path = os.path.abspath(given)
     if not os.path.isdir(path):
         raise DataError(
             f"{data_cfg.name}: image folder {path} does not exist. Expected an ImageFolder tree "
@@ -265,6 +272,42 @@ def folder_dataset(data_cfg, split, transform):
             f"{data_cfg.num_classes}; point {key} at the right folder or set data.num_classes."
         )
     return ds
+
+
+def check_data_values(data_cfg):
+    """ConfigError for a data setting that would fail deep inside torchvision or read the wrong place, checked
+    before anything is built or downloaded: the image sizes, the subset sizes, and where the data lies."""
+    name = f"data={data_cfg.get('name')}"
+    number(data_cfg, "image_size", "data.image_size", minimum=1, integer=True, example=32)
+    fake = data_cfg.get("kind") == "fake"
+    for key in ("train_size", "val_size"):
+        value = data_cfg.get(key)
+        if value is None and not fake:
+            continue  # all images
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            size = "the number of random images" if fake else "a number of images"
+            raise ConfigError(
+                f"data.{key} must be {size} (an integer >= 1){'' if fake else ' or null (all images)'}, got "
+                f"{'null' if value is None else repr(value)}; e.g. data.{key}={64 if fake else 1000}."
+            )
+    native = data_cfg.get("native_size")
+    if native is not None and (isinstance(native, bool) or not isinstance(native, int) or native < 1):
+        raise ConfigError(
+            f"data.native_size must be the side every image of the folder has (an integer >= 1) or null (any "
+            f"size), got {native!r}; e.g. data.native_size=32."
+        )
+    for key in ("root", "train_dir", "val_dir"):
+        value = data_cfg.get(key)
+        if isinstance(value, str) and not value.strip():
+            raise ConfigError(
+                f"data.{key} is empty (an unset shell variable?), so {name} would read the current directory "
+                f"or the file system's root; give the folder, e.g. data.{key}=/path/to/data."
+            )
+    if data_cfg.get("kind") == "torchvision" and data_cfg.get("root") is None:
+        raise ConfigError(
+            f"data.root is null, but {name} reads its files from data.root; set data.root=<folder> (e.g. "
+            f"data.root=data, where data.download=true puts them)."
+        )
 
 
 def build_dataset(data_cfg, split):

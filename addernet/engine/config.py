@@ -14,9 +14,10 @@ from .. import distributed as dist
 from ..checks import choice, number
 from ..config.schema import Data, Model, Trainer
 from ..config.validate import as_schema, check_schema
+from ..data import check_data_values
 from ..data.transforms import AUTO_AUGMENT
-from ..errors import ConfigError
-from ..models import model_from_config
+from ..errors import AdderNetError, ConfigError
+from ..models import MODELS, NATIVE_DATA, model_from_config
 from ..ops import BACKENDS
 from ..optim import OPTIMIZERS, SCHEDULERS, check_name
 from ..tasks import Student, task_class
@@ -39,6 +40,7 @@ def check_eval_config(cfg):
     _groups(cfg, EVAL_GROUPS, "test")
     for group, schema in (("data", Data), ("model", Model), ("trainer", Trainer)):
         as_schema(cfg[group], schema, group)  # the values' own rules (a checkpoint's stored group has no schema)
+    check_data_values(cfg.data)
     _check_device(str(cfg.trainer.device))
     return check_input_size(cfg)
 
@@ -60,6 +62,7 @@ def check_config(cfg, world=None):
     task = task_class(cfg.task.name)
     check_schema(cfg, {"task": getattr(task, "config_keys", ())})
     typed = as_schema(cfg, None, "")  # every value's own rule
+    check_data_values(cfg.data)
     _check_names(cfg)
     _check_device(typed.trainer.device)
     model = check_input_size(cfg)
@@ -137,24 +140,50 @@ def check_stored_model(cfg, stored, source, keys, fix):
         )
 
 
+def _logits(model, channels, size):
+    """The model's output for a batch of 2 images of ``channels`` x ``size`` x ``size`` (on the meta device)."""
+    with torch.device("meta"):
+        return model(torch.empty(2, channels, size, size))
+
+
+def _made_for(cfg, model, channels, classes):
+    """What to use instead: the input size the model is made for (its dataset's, or model.image_size), when a dry
+    run at that size gives one logit per class, else a general hint."""
+    family = MODELS.get(cfg.model.name, (None, None))[1]
+    sizes = [NATIVE_DATA[family][1]] if family in NATIVE_DATA else []
+    sizes += [cfg.model.image_size] if isinstance(cfg.model.get("image_size"), int) else []
+    for size in sizes:
+        try:
+            out = _logits(model, channels, size)
+        except (AdderNetError, RuntimeError, ValueError):
+            continue
+        if isinstance(out, torch.Tensor) and tuple(out.shape) == (2, classes):
+            return (
+                f"model={cfg.model.name} takes {channels}x{size}x{size} inputs: use data.image_size={size} "
+                f"(with images of that size), or a model made for this data."
+            )
+    return "Use the input size the model is made for, or a model made for this data."
+
+
 def check_input_size(cfg):
     """ConfigError when the model cannot take data.image_size x data.image_size inputs, or does not give one
     logit per class for them (a shapes-only dry run); returns the model, on the meta device."""
     size, channels, classes = int(cfg.data.image_size), int(cfg.data.in_channels), int(cfg.data.num_classes)
     with torch.device("meta"):
         model = model_from_config(cfg).eval()
-        try:
-            out = model(torch.empty(2, channels, size, size))
-        except RuntimeError as e:
-            raise ConfigError(
-                f"model={cfg.model.name} cannot take {channels}x{size}x{size} inputs "
-                f"(data.image_size={size}): {str(e).splitlines()[0].rstrip('.')}. Use the model's input size "
-                f"(e.g. data.image_size=28 for lenet5_bn) or a model made for this data."
-            ) from None
+    try:
+        out = _logits(model, channels, size)
+    except AdderNetError:
+        raise  # the model's own one-line message (model=vit built for another size)
+    except (RuntimeError, ValueError) as e:  # torch's shape errors, and the adder layers' own
+        raise ConfigError(
+            f"model={cfg.model.name} cannot take {channels}x{size}x{size} inputs (data.image_size={size}): "
+            f"{str(e).splitlines()[0].rstrip('.')}. {_made_for(cfg, model, channels, classes)}"
+        ) from None
     if isinstance(out, torch.Tensor) and tuple(out.shape) != (2, classes):
         raise ConfigError(
             f"model={cfg.model.name} gives outputs of shape {tuple(out.shape)[1:]} per image for {channels}x{size}x"
-            f"{size} inputs (data.image_size={size}), not one logit for each of data.num_classes={classes}; "
-            f"use the input size the model is made for or a model made for this data."
+            f"{size} inputs (data.image_size={size}), not one logit for each of data.num_classes={classes}. "
+            f"{_made_for(cfg, model, channels, classes)}"
         )
     return model

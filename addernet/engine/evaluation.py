@@ -269,7 +269,7 @@ def stored_model(cfg, overrides, entry="test"):
     with the command line, and its weights are loaded into the model it was trained as (an adder checkpoint
     is never built as its CNN twin; NaN/inf weights are refused).
     """
-    if OmegaConf.is_missing(cfg, "checkpoint"):
+    if OmegaConf.is_missing(cfg, "checkpoint") or not str(cfg.checkpoint).strip():  # empty: an unset variable
         raise ConfigError(
             f"no checkpoint given: python {entry}.py checkpoint=PATH (a run's checkpoints/best.pt or "
             f"an official ResNet20-AdderNet.pth / ResNet50-AdderNet.pth)"

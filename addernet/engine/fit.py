@@ -12,7 +12,6 @@ trainer.deterministic=true on CPU it ends with exactly the metrics of an uninter
 import dataclasses
 import logging
 import os
-import shlex
 import signal
 import time
 
@@ -21,6 +20,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .. import distributed as dist
 from ..checkpoint import save_checkpoint, training_checkpoint
+from ..config.entry import shell_override
 from ..data import take_skipped
 from ..errors import ConfigError, NonFiniteLoss
 from ..ops import use_backend
@@ -282,7 +282,7 @@ class Run:
     def resume_hint(self):
         """What a stopped run tells the user: the saved file, and a command that resumes it as it is."""
         last = os.path.join(self.parts.ckpt_dir, "last.pt")
-        return f"saved {last}. Resume with: python train.py hydra.run.dir={shlex.quote(self.parts.run_dir)}"
+        return f"saved {last}. Resume with: python train.py {shell_override('hydra.run.dir', self.parts.run_dir)}"
 
     def last_good(self):
         """Where the last good state is, for the message of a run that stops on NaN/inf (nothing bad is saved)."""

@@ -1,5 +1,6 @@
 """Guards of what a run writes: one run at a time in a run dir, no stale temporaries, every failure in train.log,
-a failed launch leaves an existing run dir as it was, the run dir alone is enough to resume it, and an output
+a failed launch leaves an existing run dir as it was and removes what a first launch created, the run dir (or a
+checkpoint's stored config) alone is enough to resume it, and an output
 file given on the command line (results_file=, out=) never replaces an input or a file of another kind.
 
 The lock is a kernel file lock (``fcntl.flock``) on ``<run dir>/.lock``, held by rank 0 for the life
@@ -10,14 +11,22 @@ different files of the same name); it holds the pid of the last run that locked 
 
 import contextlib
 import fcntl
+import functools
 import glob
 import os
+import shutil
 import time
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
+from ..checkpoint import load_checkpoint
+from ..config import config_dir
+from ..config.entry import hydra_value
 from ..distributed import env_rank
 from ..errors import ConfigError
+from .resume import flatten
 
 LOCK = ".lock"
 
@@ -117,30 +126,120 @@ def log_failure(run_dir, error):
         pass  # an unwritable run dir was the error itself
 
 
+ONE_SHOT = ("trainer.resume_override",)  # a permission for the launch that gives it: never recorded or replayed
+FROM_CHECKPOINT_SKIP = ("trainer.resume", *ONE_SHOT)  # which checkpoint to start from belongs to the launch
+
+
+@functools.cache
+def _parser():
+    return OverridesParser.create()
+
+
+def _parsed(item):
+    """Hydra's reading of one command-line item (quotes removed), or None for one it cannot read (Hydra reports
+    it) and for items that are not overrides (-m)."""
+    try:
+        return _parser().parse_override(item)
+    except HydraException:
+        return None
+
+
 def _key(override):
-    return override.split("=", 1)[0].lstrip("+~")
+    parsed = _parsed(override)
+    return parsed.key_or_group if parsed is not None else override.split("=", 1)[0].lstrip("+~")
 
 
 def _given(argv, key):
-    """The value of the last ``key=value`` in argv (Hydra's last one wins), or None."""
-    values = [a.split("=", 1)[1] for a in argv if "=" in a and _key(a) == key]
-    return values[-1] if values else None
+    """The value of the last ``key=value`` in argv (Hydra's last one wins) as Hydra reads it, or None."""
+    values = [p.value() for p in map(_parsed, argv) if p is not None and p.key_or_group == key]
+    return None if not values or values[-1] is None else str(values[-1])
+
+
+def drop_one_shot(run_dir):
+    """Take ONE_SHOT overrides out of the launch record <run dir>/.hydra/overrides.yaml, which a later resume
+    replays: trainer.resume_override=true applies to the launch that gives it, not to every later resume."""
+    path = os.path.join(run_dir, ".hydra", "overrides.yaml")
+    if not os.path.isfile(path):
+        return
+    recorded = [str(o) for o in OmegaConf.load(path)]
+    kept = [o for o in recorded if _key(o) not in ONE_SHOT]
+    if kept != recorded:
+        OmegaConf.save(OmegaConf.create(kept), path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+
+def config_overrides(config):
+    """The overrides that compose ``config`` (a resolved training config, as checkpoints store it) from
+    configs/train.yaml: each group's option (its ``name``; the logger group's selected options), then every value."""
+    root, choices = config_dir(), []
+    for group, node in config.items():
+        if not isinstance(node, dict) or not os.path.isdir(os.path.join(root, group)):
+            continue
+        options = [n for n in node if os.path.isfile(os.path.join(root, group, f"{n}.yaml"))]
+        if isinstance(node.get("name"), str) and os.path.isfile(os.path.join(root, group, f"{node['name']}.yaml")):
+            choices.append(f"{group}={node['name']}")
+        elif node and options == list(node):  # a list group: logger=[tensorboard,mlflow]
+            choices.append(f"{group}=[{','.join(options)}]")
+    # ++: also a key a task class adds outside the schema (+task.delay=...); the config check still sees every key
+    values = [f"++{k}={hydra_value(v)}" for k, v in flatten(config).items() if not isinstance(v, dict)]
+    return choices + values
+
+
+def _checkpoint_overrides(path):
+    """config_overrides of the config stored in the checkpoint at ``path`` ([] when it stores none)."""
+    ckpt = load_checkpoint(path)
+    config = ckpt.get("config") if isinstance(ckpt, dict) else None
+    if not isinstance(config, dict):
+        return []
+    return [o for o in config_overrides(config) if _key(o) not in FROM_CHECKPOINT_SKIP]
+
+
+def _added(argv, stored):
+    """The ``stored`` overrides argv does not give itself: a key or group it sets, or the keys of a group it chooses."""
+    given = {p.key_or_group for p in map(_parsed, argv) if p is not None}
+    groups = {g for g in given if "." not in g}
+    return [
+        o for o in stored if _key(o) not in given and _key(o).split(".")[0] not in groups and _key(o) not in ONE_SHOT
+    ]
 
 
 def with_stored_overrides(argv):
-    """(argv, the overrides added): a run dir to resume (``hydra.run.dir=<dir>`` or ``trainer.resume=<dir>``
-    holding checkpoints/last.pt) gets the overrides it was launched with (its .hydra/overrides.yaml) first,
-    so the dir alone resumes it; what argv gives itself wins. Multiruns are left as they are."""
+    """(argv, where the added overrides come from or None): a run to resume gets its settings first, so that the
+    run dir or the checkpoint alone resumes it; what argv gives itself wins. Multiruns are left as they are.
+
+    A run dir (``hydra.run.dir=<dir>`` or ``trainer.resume=<dir>``) holding checkpoints/last.pt gets the overrides
+    it was launched with (its .hydra/overrides.yaml), or, without that record, the config stored in its last.pt;
+    ``trainer.resume=<file>`` gets the config stored in that checkpoint, unless argv names a preset (experiment=).
+    ONE_SHOT overrides are never added.
+    """
     if "-m" in argv or "--multirun" in argv:
-        return argv, []
+        return argv, None
     for key in ("hydra.run.dir", "trainer.resume"):
         run_dir = _given(argv, key)
-        stored = os.path.join(run_dir or "", ".hydra", "overrides.yaml")
-        if run_dir and os.path.isfile(os.path.join(run_dir, "checkpoints", "last.pt")) and os.path.isfile(stored):
-            given = {_key(a) for a in argv if "=" in a}
-            added = [str(o) for o in OmegaConf.load(stored) if _key(str(o)) not in given]
-            return added + list(argv), added
-    return argv, []
+        last = os.path.join(run_dir or "", "checkpoints", "last.pt")
+        if run_dir and os.path.isfile(last):
+            record = os.path.join(run_dir, ".hydra", "overrides.yaml")
+            if os.path.isfile(record):
+                added = _added(argv, [str(o) for o in OmegaConf.load(record)])
+                return added + list(argv), f"the run dir's recorded overrides: {' '.join(added)}" if added else None
+            return _from_checkpoint(argv, last)
+    resume = _given(argv, "trainer.resume")
+    if resume and os.path.isfile(resume):
+        return _from_checkpoint(argv, resume)
+    return argv, None
+
+
+def _from_checkpoint(argv, path):
+    if _given(argv, "experiment") is not None:
+        return argv, None  # the command line names its preset: composed as given, compared with the checkpoint
+    added = _added(argv, _checkpoint_overrides(path))
+    if not added:
+        return argv, None
+    choices = [o for o in added if "." not in _key(o)]
+    return added + list(argv), (
+        f"the config stored in {path} ({' '.join(choices)} and {len(added) - len(choices)} values; "
+        f"the command line's own win)"
+    )
 
 
 def _snapshot(run_dir):
@@ -169,23 +268,135 @@ def _restore_hydra(run_dir, files):
         os.replace(os.path.join(hydra, name + ".tmp"), os.path.join(hydra, name))
 
 
+class Launch:
+    """What a launch found in its run dir: enough to remove what a failed first launch created, and nothing else.
+
+    Hydra creates the run dir and writes .hydra/ before the task starts; the task calls ``started`` with it.
+    """
+
+    def __init__(self, argv):
+        given = _given(argv, "hydra.run.dir")
+        self.given = os.path.abspath(given) if given else None
+        self.run_dir = self.given
+        self.before = None  # the run dir's entries before the launch; None: it did not exist
+        self.parents = None  # the folders above it that the launch created, deepest first; None: Hydra's outputs/
+        if self.given:
+            self.before = set(os.listdir(self.given)) if os.path.isdir(self.given) else None
+            self.parents = _missing_parents(os.path.dirname(self.given))
+
+    def started(self, run_dir):
+        """The run dir Hydra chose and created; one it chose itself (outputs/<date>/<time>) holding only Hydra's
+        .hydra/ is new."""
+        self.run_dir = os.path.abspath(run_dir)
+        if self.given and os.path.realpath(self.given) != os.path.realpath(self.run_dir):
+            self.given, self.parents = None, None  # not the dir it names (an interpolation): judged as Hydra's own
+        if not self.given:
+            entries = set(os.listdir(self.run_dir))
+            self.before = None if entries <= {".hydra"} else entries
+
+    def remove_created(self):
+        """Remove what this failed launch created in and above its run dir: the whole dir when it is new. Nothing is
+        removed once the run wrote its config.yaml (it passed every check) or while another run holds the lock."""
+        run_dir = self.run_dir
+        if not run_dir or not os.path.isdir(run_dir) or os.path.exists(os.path.join(run_dir, "config.yaml")):
+            return
+        with _unlocked(run_dir) as free:
+            if not free:
+                return
+            if self.before is None:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            else:
+                for name in set(os.listdir(run_dir)) - self.before:
+                    path = os.path.join(run_dir, name)
+                    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+        if self.before is None:
+            _remove_empty(self.parents, os.path.dirname(run_dir))
+
+    def remove_own_empty(self):
+        """Under torchrun, a rank > 0's own run dir (Hydra's outputs/<date>/<time> of its second; rank 0's is
+        used by all) when left empty: it holds nothing, so nothing of another process is removed."""
+        if self.run_dir and not self.given and self.before is None:
+            _remove_empty(None, self.run_dir)
+
+
+def _missing_parents(folder):
+    """The folders of ``folder``'s path that do not exist, deepest first."""
+    missing = []
+    while folder and not os.path.exists(folder) and folder != os.path.dirname(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return missing
+
+
+def _remove_empty(parents, first):
+    """Remove the empty folders among ``parents`` (deepest first); None: those from ``first`` up to the current
+    directory (Hydra's outputs/<date>/ of a run dir it chose)."""
+    if parents is None:
+        parents, cwd = [], os.getcwd()
+        while first.startswith(cwd + os.sep):
+            parents.append(first)
+            first = os.path.dirname(first)
+    for folder in parents:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return  # not empty: it holds something else
+
+
+@contextlib.contextmanager
+def _unlocked(run_dir):
+    """True while this process holds the run dir's lock, taken for the block; False when another process holds it."""
+    try:
+        fd = os.open(os.path.join(run_dir, LOCK), os.O_RDWR)
+    except OSError:
+        yield True  # no lock file: no run has started here
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield True
+    except BlockingIOError:
+        yield False
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def keep_run_dir_on_failure(argv):
-    """Around a launch: when it fails (an exception or a non-zero exit) before the run wrote its config.yaml,
-    an existing run dir's .hydra/ files (which Hydra rewrites before the run starts) are put back as they were.
+    """Around a launch; yields its Launch. When the launch fails (an exception or a non-zero exit) before the run
+    wrote its config.yaml, an existing run dir's .hydra/ files (which Hydra rewrites before the run starts) are put
+    back as they were, and what a first launch created (the run dir, Hydra's folders above it) is removed.
 
     A run that got as far as writing config.yaml has passed every check: its .hydra/ describes it and stays.
     """
-    run_dir = _given(argv, "hydra.run.dir")
-    saved = _snapshot(run_dir) if run_dir and env_rank() == 0 and os.path.isdir(run_dir) else None
+    launch = Launch(argv)
+    main = env_rank() == 0
+    saved = _snapshot(launch.given) if launch.given and main and os.path.isdir(launch.given) else None
     try:
-        yield
+        yield launch
     except BaseException as e:
-        if saved is not None and not (isinstance(e, SystemExit) and e.code in (0, None)):
-            stat = os.stat(os.path.join(run_dir, "config.yaml"))
+        failed = not (isinstance(e, SystemExit) and e.code in (0, None))
+        if failed and saved is not None:
+            stat = os.stat(os.path.join(launch.given, "config.yaml"))
             if (stat.st_ino, stat.st_mtime_ns, stat.st_size) == saved[0]:
-                _restore_hydra(run_dir, saved[1])
+                _restore_hydra(launch.given, saved[1])
+        elif failed and main:
+            launch.remove_created()
+        elif failed:
+            launch.remove_own_empty()
         raise
+
+
+def check_run_dir_given(argv):
+    """ConfigError for a run dir given as an empty path (an unset shell variable, ``hydra.run.dir=$RUN``): Hydra would
+    write the run into the current directory."""
+    for key in ("hydra.run.dir", "hydra.sweep.dir"):
+        values = [p.value() for p in map(_parsed, argv) if p is not None and p.key_or_group == key]
+        if values and isinstance(values[-1], str) and not values[-1].strip():
+            raise ConfigError(
+                f"{key} is empty (an unset shell variable?), so the run would be written into the current "
+                f"directory {os.getcwd()}; give the run dir, e.g. {key}=runs/my_run, or leave {key} out "
+                f"(outputs/<date>/<time>)."
+            )
 
 
 def _looks_like_results(path):

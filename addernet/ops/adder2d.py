@@ -222,7 +222,7 @@ def kernel_in_use(device):
 
 def adder2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """Functional adder convolution; same argument forms as torch.nn.functional.conv2d (no string
-    padding other than 'valid').
+    padding other than 'valid'): a batch (N, C, H, W), or one unbatched image (C, H, W) giving (O, H', W').
 
     Under autocast (bf16 or fp16) the layer runs in float32, whatever the input dtype, and returns
     float32: its outputs are large (about 1e4 for a 3x3x64 filter) and the following BatchNorm
@@ -230,6 +230,10 @@ def adder2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1)
     64 at 1e4) turns into noise after normalisation. A float32 output also keeps that BatchNorm in
     float32. Outside autocast, float16/bfloat16 inputs are accumulated in float32 and returned in
     their own dtype."""
+    if isinstance(input, torch.Tensor) and input.dim() == 3:  # one unbatched (C, H, W) image, as conv2d takes it
+        return adder2d(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
+    if isinstance(input, torch.Tensor) and input.dim() != 4:
+        raise ValueError(f"adder2d expects a batch (N, C, H, W) or one image (C, H, W), got shape {tuple(input.shape)}")
     stride, padding, dilation = _pair(stride), padding_arg(padding), _pair(dilation)
     check_args(stride=stride, padding=padding, dilation=dilation)
     if isinstance(input, torch.Tensor) and input.device.type != "meta" and torch.is_autocast_enabled(input.device.type):
