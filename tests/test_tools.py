@@ -3,6 +3,7 @@ for ``--help``; ``scripts/<name>.py`` are the same commands (tested in each tool
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -78,3 +79,23 @@ def test_export_onnx_out_in_a_missing_folder_creates_it(tmp_path):
     r = run_main(export_onnx.cli, "export_onnx.py", [f"checkpoint={ZOO}", f"out={tmp_path / 'file' / 'm.onnx'}"])
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert f"out={tmp_path / 'file' / 'm.onnx'}: cannot create its folder {tmp_path / 'file'}" in r.stderr
+
+
+def test_convert_official_never_replaces_its_input_or_a_file_it_did_not_write(tmp_path, official_r20, capsys):
+    from addernet.checkpoint import load_checkpoint
+    from addernet.tools import convert_official as tool
+
+    src, user = tmp_path / "ResNet20-AdderNet.pth", tmp_path / "mine.pt"
+    shutil.copy(official_r20, src)
+    user.write_bytes(b"a user's weights")
+    for dst, message in ((src, f"OUT {src} is IN itself"), (user, f"OUT {user}: that file exists and was not written")):
+        with pytest.raises(SystemExit) as e:
+            tool.main([str(src), str(dst)])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert src.read_bytes() == official_r20.read_bytes() and user.read_bytes() == b"a user's weights"
+    out = tmp_path / "resnet20.pt"
+    tool.main([str(src), str(out)])
+    tool.main([str(src), str(out)])  # an earlier conversion is replaced
+    tool.main([str(src), str(user), "--overwrite"])
+    assert load_checkpoint(user)["source"]["sha256"] == load_checkpoint(out)["source"]["sha256"]
