@@ -196,6 +196,7 @@ def test_csv_and_json_never_replace_a_file_this_command_did_not_write(tmp_path, 
     [
         ("metrics.jsonl", json.dumps({**_epoch(6.0, 10, 20), "epoch": "1"}) + "\n"),
         ("metrics.jsonl", json.dumps({**_epoch(6.0, 10, 20), "val_top1": "50"}) + "\n"),
+        ("metrics.jsonl", json.dumps({**_epoch(6.0, 10, 20), "epoch": float("inf")}) + "\n"),
         ("config.yaml", "model: [resnet20\n"),
         ("config.yaml", "- a list\n"),
         ("config.yaml", "trainer: 5\n"),
@@ -203,7 +204,7 @@ def test_csv_and_json_never_replace_a_file_this_command_did_not_write(tmp_path, 
         ("run.json", '{"train_images": "all"}'),
         (".hydra/overrides.yaml", "- [\n"),
     ],
-    ids=["epoch-text", "top1-text", "yaml", "list", "group", "run-json", "counts", "overrides"],
+    ids=["epoch-text", "top1-text", "epoch-inf", "yaml", "list", "group", "run-json", "counts", "overrides"],
 )
 def test_a_damaged_file_is_one_line_naming_it_and_the_other_runs_are_summarised(tmp_path, capsys, file, text):
     good = _run(tmp_path, "good", [_epoch(6.0, 10_000, 20_000)])

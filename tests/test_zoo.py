@@ -212,3 +212,12 @@ def test_test_py_on_a_zoo_file_with_a_damaged_manifest_is_one_line(own_zoo):
     r = run_main(evaluate_main, "test.py", [f"checkpoint={own_zoo / 'mnist_lenet5_bn_adder.pt'}"])
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("test.py: error: ")
     assert f"{own_zoo / 'manifest.json'} is damaged" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_zoo_add_of_a_checkpoint_without_a_training_config_is_one_line(own_zoo, tmp_path):
+    run = tmp_path / "bare"
+    save_checkpoint({"conv.weight": torch.zeros(2)}, run / "checkpoints" / "last.pt")
+    before = _snapshot(own_zoo)
+    with pytest.raises(ConfigError, match="last.pt is not a checkpoint of train.py .*give the run dir of a finished"):
+        _zoo_add(run, "copy", "--data-root", str(tmp_path))
+    assert _snapshot(own_zoo) == before

@@ -46,7 +46,7 @@ def load_metrics(run_dir):
         if not (isinstance(rec, dict) and "epoch" in rec):
             continue
         bad = [k for k in NUMBERS if rec.get(k) is not None and not _is_number(rec[k])]
-        if not (_is_number(rec["epoch"]) and rec["epoch"] == int(rec["epoch"])) or bad:
+        if not (_is_number(rec["epoch"]) and float(rec["epoch"]).is_integer()) or bad:
             what = f'"epoch": {rec["epoch"]!r}' if not bad else f'"{bad[0]}": {rec[bad[0]]!r}'
             raise ValueError(
                 f"{path}:{n} has {what}, not a number as train.py writes it: the file was edited or is not a "

@@ -86,7 +86,13 @@ def preset_differences(stored, preset):
 
 def check_run(ckpt, run_dir, preset):
     """ConfigError unless ``ckpt`` (the run's last.pt) is a finished run of ``preset``."""
-    history, planned = ckpt.get("history") or [], ckpt["config"]["trainer"]["epochs"]
+    trainer = (ckpt.get("config") or {}).get("trainer") if isinstance(ckpt, dict) else None
+    if not (isinstance(trainer, dict) and isinstance(trainer.get("epochs"), int)):
+        raise ConfigError(
+            f"{run_dir / 'checkpoints' / 'last.pt'} is not a checkpoint of train.py (it stores no training config); "
+            f"give the run dir of a finished train.py run."
+        )
+    history, planned = ckpt.get("history") or [], trainer["epochs"]
     if ckpt.get("step") or ckpt.get("epoch") != planned or len(history) != planned:
         raise ConfigError(
             f"{run_dir} is unfinished (epoch {ckpt.get('epoch')} of {planned}, step "
