@@ -86,15 +86,16 @@ def sha256(file):
 
 def verify(file):
     """CheckpointError when ``file`` is a zoo file whose bytes are not the ones its manifest entry hashed, or whose
-    entry is damaged (or may be: an entry without a file name); any other file passes."""
+    entry is damaged (or may be: a damaged entry whose file cannot be told); any other file passes."""
     file = Path(file).resolve()
     if file.parent != ZOO.resolve() or not file.is_file():
         return
     entries = manifest()
     named = [(n, e) for n, e in entries.items() if isinstance(e, dict) and e.get("file") == file.name]
-    if not named:  # not a zoo file, unless an entry is damaged: it may be this file's
-        for n in [n for n, e in entries.items() if not _intact(e)][:1]:
-            entry_of(n, entries[n])
+    if not named:  # not a zoo file, unless a damaged entry may be this file's
+        damaged = next((n for n, e in entries.items() if not _intact(e)), None)
+        if damaged is not None:
+            entry_of(damaged, entries[damaged])
         return
     entry = entry_of(*named[0])
     if sha256(file) != entry["sha256"]:
