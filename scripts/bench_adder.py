@@ -54,6 +54,7 @@ import torch.nn as nn
 from addernet import AdaptiveLR, Adder2d
 from addernet.analysis.layer_shapes import RESNET20 as R20
 from addernet.analysis.layer_shapes import with_batch
+from addernet.checks import json_with, output_file
 from addernet.errors import reported
 from addernet.models import build_model
 from addernet.ops.kernels import build, cpu
@@ -317,7 +318,10 @@ def main():
     ap.add_argument("--kernels", help="only the float kernels' throughput for these instruction sets, e.g. native,avx2")
     ap.add_argument("--child-step", choices=("adder", "conv"), help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=64, help=argparse.SUPPRESS)
+    ap.add_argument("--overwrite", action="store_true", help="let --json replace a file this script did not write")
     args = ap.parse_args()
+    if args.json:
+        output_file(args.json, "--json", json_with("meta", "rows"), args.overwrite)
     if args.child_step:  # one side of the whole-step timing, in this fresh process
         if args.threads:
             torch.set_num_threads(args.threads)

@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from addernet import AdaptiveLR, AdderLinear, l1_scores
+from addernet.checks import json_with, output_file
 from addernet.errors import reported
 from addernet.models import build_model
 from addernet.ops.kernels import build
@@ -118,7 +119,10 @@ def main():
     p.add_argument("--only", choices=list(PAIRS), default=None)
     p.add_argument("--ops", action="store_true", help="time the ViT's adder ops against their twins' instead")
     p.add_argument("--json", default=None)
+    p.add_argument("--overwrite", action="store_true", help="let --json replace a file this script did not write")
     args = p.parse_args()
+    if args.json:
+        output_file(args.json, "--json", json_with("machine", "rounds", "load_before"), args.overwrite)
     torch.set_num_threads(args.threads)
     out = {
         "threads": args.threads,

@@ -30,11 +30,13 @@ import sys
 import time
 from pathlib import Path
 
+from addernet.checks import json_with, output_file
 from addernet.errors import reported
 from addernet.tools.bench import child_env, load, run_child
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ("cnn", "adder", "kd", "pkkd", "pkkd_nokernel", "pkkd_frozen")
+HEADER = "Distillation benchmark"  # the first words of results.md
 
 
 def method_overrides(method, teacher):
@@ -219,6 +221,11 @@ def table(args, out, walls, samples, loads):
     return rows, "\n".join(lines)
 
 
+def _our_results_md(path):
+    with open(path, errors="replace") as f:
+        return f.read(len(HEADER)) == HEADER
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, default=REPO.parent / "shared" / "cifar10-jpeg")
@@ -246,7 +253,11 @@ def main():
     p.add_argument("--time-one", help=argparse.SUPPRESS)
     p.add_argument("--root", help=argparse.SUPPRESS)
     p.add_argument("--teacher", help=argparse.SUPPRESS)
+    p.add_argument("--overwrite", action="store_true", help="let --out's results files replace files it did not write")
     args = p.parse_args()
+    if not args.time_one:
+        output_file(args.out / "results.json", "--out", json_with("command", "rows", "samples"), args.overwrite)
+        output_file(args.out / "results.md", "--out", _our_results_md, args.overwrite)
     if args.time_one:
         return time_one(args)
     if {"kd", "pkkd_frozen"} & set(args.methods) and "cnn" not in args.methods:
@@ -269,7 +280,7 @@ def main():
     rows, md = table(args, args.out, walls, samples, loads)
     cmd = "python scripts/bench_distill.py " + " ".join(sys.argv[1:])
     header = (
-        f"Distillation benchmark, started {started}: {args.model}, {args.epochs} epochs, "
+        f"{HEADER}, started {started}: {args.model}, {args.epochs} epochs, "
         f"batch {args.batch_size}, data {root}\n`{cmd}`\n"
     )
     (args.out / "results.md").write_text(header + "\n" + md + "\n")

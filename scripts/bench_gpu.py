@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from addernet.analysis.layer_shapes import RESNET20 as R20
 from addernet.analysis.layer_shapes import RESNET50 as R50
 from addernet.analysis.layer_shapes import with_batch
+from addernet.checks import json_with, output_file
 from addernet.errors import reported
 from addernet.tools.bench import ref_estimate_gb
 
@@ -185,7 +186,11 @@ def main():
     ap = argparse.ArgumentParser(description="Triton adder kernels vs cuDNN on one GPU")
     ap.add_argument("--quick", action="store_true", help="fewer shapes and repeats (smoke run)")
     ap.add_argument("--json", default=None, help="write results here (default $OUT/bench_gpu.json if OUT is set)")
+    ap.add_argument("--overwrite", action="store_true", help="let --json replace a file this script did not write")
     a = ap.parse_args()
+    out = a.json or (os.path.join(os.environ["OUT"], "bench_gpu.json") if os.environ.get("OUT") else None)
+    if out:
+        output_file(out, "--json", json_with("env", "layers", "tiles"), a.overwrite)
     if not torch.cuda.is_available():
         sys.exit("bench_gpu.py needs a CUDA GPU (torch.cuda.is_available() is False)")
     import triton
@@ -269,7 +274,6 @@ def main():
             f"peak memory {train['mem_ratio']:.2f}x (target <= 2x)"
         )
 
-    out = a.json or (os.path.join(os.environ["OUT"], "bench_gpu.json") if os.environ.get("OUT") else None)
     if out:
         Path(out).write_text(json.dumps(dict(env=env, layers=rows, tiles=tiles, train_step=train), indent=1))
         print("# wrote", out)

@@ -48,6 +48,7 @@ import torch
 import torch.nn as nn
 from omegaconf import OmegaConf
 
+from addernet.checks import json_with, output_file
 from addernet.config.schema import Quant
 from addernet.errors import reported
 from addernet.models import build_model
@@ -241,7 +242,10 @@ def main():
     p.add_argument("--thread-list", dest="thread_list_arg", default="2,1", help="thread counts for --whole-model")
     p.add_argument("--isa-list", help="kernel instruction sets for the adder-side models, e.g. native,avx2")
     p.add_argument("--worker", choices=MODELS, help=argparse.SUPPRESS)
+    p.add_argument("--overwrite", action="store_true", help="let --json replace a file this script did not write")
     a = p.parse_args()
+    if a.json:
+        output_file(a.json, "--json", json_with("date", "load_before", "rows"), a.overwrite)
     a.models = a.models.split(",")
     a.thread_list = [int(t) for t in a.thread_list_arg.split(",")]
     if a.worker:

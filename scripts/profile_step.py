@@ -24,6 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from addernet.analysis.profile import CATEGORIES, L1_SCORES, category
+from addernet.checks import json_with, output_file
 from addernet.errors import reported
 from addernet.tools.bench import describe, load, metadata, run_child
 
@@ -101,7 +102,10 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: robust on a busy machine)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--child", choices=("adder", "conv"), help=argparse.SUPPRESS)
+    ap.add_argument("--overwrite", action="store_true", help="let --json replace a file this script did not write")
     args = ap.parse_args()
+    if args.json:
+        output_file(args.json, "--json", json_with("load_before", "load_after"), args.overwrite)
     if args.child:
         print(json.dumps(profile(args.model, args.child, args.batch, args.steps, args.threads)))
         return

@@ -19,6 +19,7 @@ from helpers import (
     CIFAR_SAMPLE,
     FAKE,
     OFFICIAL_R20,
+    REPO,
     compose,
     folder_run,
     needs_shared,
@@ -90,6 +91,32 @@ def test_empty_datasets_are_errors(tmp_path, override, message):
     with pytest.raises(DataError, match=message):
         train(compose(FAKE + ["trainer.epochs=1", override]), str(tmp_path / "run"))
     assert not os.listdir(tmp_path / "run" / "checkpoints")
+
+
+def test_torchvision_data_on_an_image_folder_tree_names_the_image_folder_dataset(tmp_path, jpeg_cifar):
+    """data=cifar10 on a folder of train/ and test/ ImageFolders (or on one ImageFolder) is refused with the
+    option that reads it; following the message builds the folder's dataset."""
+    with pytest.raises(DataError, match=f"read them with data=cifar10_folder data.root={jpeg_cifar}\\. ") as e:
+        build_dataset(compose(["data=cifar10", f"data.root={jpeg_cifar}", "data.download=false"]).data, "val")
+    assert len(str(e.value).splitlines()) == 1
+    fixed = ["data=cifar10_folder", f"data.root={jpeg_cifar}", "data.num_classes=4"]
+    assert len(build_dataset(compose(fixed).data, "val")) == 37
+    test = jpeg_cifar / "test"
+    with pytest.raises(DataError, match=f"evaluate it with data=cifar100_folder data.val_dir={test}\\. "):
+        build_dataset(compose(["data=cifar100", f"data.root={test}", "data.download=false"]).data, "val")
+    with pytest.raises(DataError) as e:  # no image folder: no such sentence
+        build_dataset(compose(["data=cifar10", f"data.root={tmp_path}", "data.download=false"]).data, "val")
+    assert "image folder" not in str(e.value)
+
+
+def test_the_readme_line_for_an_image_folder_reads_its_test_folder(jpeg_cifar):
+    [line] = [x for x in (REPO / "README.md").read_text().splitlines() if "data=cifar10_folder" in x]
+    args = line.split("#")[0].split()[2:]
+    assert args[0].startswith("checkpoint=") and "data.root=<folder>" in args
+    args = [f"data.root={jpeg_cifar}" if a == "data.root=<folder>" else a for a in args[1:]]
+    cfg = compose(["checkpoint=unused.pt", *args, "data.num_classes=4"], config_name="test")
+    ds = build_dataset(cfg.data, "val")
+    assert len(ds) == 37 and ds.root == str(jpeg_cifar / "test")
 
 
 def test_image_folder_without_images_is_an_error(tmp_path):

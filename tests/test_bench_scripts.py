@@ -5,6 +5,7 @@ the reference kernel's memory estimate is its measured peak."""
 import ctypes
 import gc
 import os
+import runpy
 import sys
 
 import pytest
@@ -15,6 +16,8 @@ from addernet import Adder2d, AdderAttention
 from addernet.analysis.profile import CATEGORIES, L1_SCORES, category
 from addernet.ops.reference import adder2d_reference
 from addernet.tools.bench import busy, cpu_model, describe, median_iqr, metadata, ratio_summary, ref_estimate_gb
+
+from helpers import REPO
 
 
 def test_profile_categories_find_the_adder_kernels(monkeypatch):
@@ -123,3 +126,21 @@ def test_the_reference_memory_estimate_is_its_measured_peak():
     adder2d_reference(x, w, (1, 1), (1, 1)).backward(g)
     peak_gb = (_status("VmHWM") - base) / 2**30
     assert peak_gb == pytest.approx(ref_estimate_gb(n, cin, cout, size, 3, 1, 1), rel=0.15)
+
+
+@pytest.mark.parametrize(
+    "script, option",
+    [(s, "--json") for s in ("bench_adder", "bench_anynet", "bench_gpu", "bench_quant", "profile_step")]
+    + [("bench_distill", "--out")],
+)
+def test_a_results_file_never_replaces_a_file_the_script_did_not_write(tmp_path, monkeypatch, capsys, script, option):
+    """Checked before any work: a user's file at --json (or in --out) is refused with one line."""
+    user = tmp_path / ("results.md" if option == "--out" else "mine.json")
+    user.write_text('{"a user\'s": "results"}')
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", option, str(tmp_path if option == "--out" else user)])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(REPO / "scripts" / f"{script}.py"), run_name="__main__")
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"{option} {user}: that file exists and was not written by this command" in err and "--overwrite" in err
+    assert user.read_text() == '{"a user\'s": "results"}' and os.listdir(tmp_path) == [user.name]

@@ -8,21 +8,28 @@ import sys
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, SHARED, needs_shared
 
 TINY = ["model=lenet5_bn", "data.image_size=28", "data.train_size=32", "data.val_size=16", "data.batch_size=16"]
 
 
-@pytest.mark.slow
-def test_an_installed_copy_runs_the_quick_start_from_another_directory(tmp_path):
-    target, cwd = tmp_path / "site", tmp_path / "elsewhere"
-    cwd.mkdir()
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """This repository installed with pip into a folder of its own (``--target``): that folder."""
+    target = tmp_path_factory.mktemp("installed") / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", target, REPO],
         check=True,
         capture_output=True,
         timeout=600,
     )
+    return target
+
+
+@pytest.mark.slow
+def test_an_installed_copy_runs_the_quick_start_from_another_directory(tmp_path, installed):
+    target, cwd = installed, tmp_path / "elsewhere"
+    cwd.mkdir()
     assert (target / "addernet" / "configs" / "train.yaml").is_file()
     env = {**os.environ, "PYTHONPATH": str(target), "OMP_NUM_THREADS": "1"}
 
@@ -37,3 +44,40 @@ def test_an_installed_copy_runs_the_quick_start_from_another_directory(tmp_path)
     out = run("-m", "addernet.test", "checkpoint=run/checkpoints/best.pt", "trainer.progress=false")
     result = json.loads(out.strip().splitlines()[-1])
     assert result["n"] == 16 and result["weights"] == "model"
+
+
+@pytest.mark.slow
+@needs_shared("mnist/MNIST/raw")
+def test_an_installed_copy_adds_to_its_zoo_with_a_data_root_relative_to_the_current_folder(tmp_path, installed):
+    """zoo_add evaluates with the installed package's test (there is no test.py beside it); --data-root is the
+    user's current folder's."""
+    from addernet.checkpoint import load_checkpoint, save_checkpoint
+
+    zoo, cwd = installed / "addernet" / "zoo", tmp_path / "elsewhere"
+    cwd.mkdir()
+    (cwd / "mnist").symlink_to(SHARED / "mnist")
+    save_checkpoint(load_checkpoint(zoo / "mnist_lenet5_bn_adder.pt"), cwd / "run" / "checkpoints" / "last.pt")
+    env = {**os.environ, "PYTHONPATH": str(installed), "OMP_NUM_THREADS": "1"}
+    args = [
+        "run",
+        "copy",
+        "--preset",
+        "mnist_lenet5_bn_adder",
+        "--command",
+        "python train.py ...",
+        "--data-root",
+        "mnist",
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "addernet.tools.zoo_add", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    entry = json.loads(r.stdout.strip().splitlines()[-1])["copy"]
+    shipped = json.loads((zoo / "manifest.json").read_text())
+    assert entry["top1"] == shipped["mnist_lenet5_bn_adder"]["top1"] and shipped["copy"] == entry
+    assert (zoo / "copy.pt").is_file()

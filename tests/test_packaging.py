@@ -53,44 +53,51 @@ def test_pip_installed_wheel_imports_and_runs_from_another_directory(tmp_path):
     assert list((tmp_path / "cache").glob("adder_cpu_*.so"))  # the fast kernel compiled from the installed sources
 
 
-def editable_line():
-    """requirements.txt's editable install of this repository, as pip arguments."""
-    [line] = [x for x in (REPO / "requirements.txt").read_text().splitlines() if x.startswith("-e ")]
-    return line.split("#")[0].split()
+def readme_install_lines():
+    """The commands of the README's Install section in order (its install block, then the extras block), without
+    the venv line and comments."""
+    section = (REPO / "README.md").read_text().split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    lines = [x.split("#")[0].strip() for b in re.findall(r"```bash\n(.*?)```", section, re.S) for x in b.splitlines()]
+    return [x for x in lines if x and not x.startswith("python3 -m venv")]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs git and a git checkout")
-def test_a_clone_named_addernet_does_not_shadow_its_editable_install(tmp_path):
+def test_the_readme_install_lines_keep_a_clone_named_addernet_from_shadowing_the_package(tmp_path):
     """Cloned into a folder named addernet and used from its parent, the folder would be imported as an empty
-    namespace package ahead of an import-hook editable install; requirements.txt's path-based mode prevents it."""
+    namespace package ahead of an import-hook editable install. The README's install lines, run in order in a fresh
+    venv (the extras lines included), must each leave the package importable from there."""
     clone, venv = tmp_path / "addernet", tmp_path / "venv"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=300)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
-    python = venv / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     site = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
-    ).stdout.strip()
-    # torch, pip and setuptools of this environment, reused as a plain path (their .pth hooks are not run)
-    Path(site, "reused.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
-    args = [str(clone) if a == "." else a for a in editable_line()[1:]]
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = subprocess.run(
-        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", *args],
+        [venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
         text=True,
-        env=env,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    ).stdout.strip()
+    # this environment's packages (torch, the extras), reused as a plain path so that pip finds every requirement
+    # already there and installs nothing but this repository (their .pth hooks are not run)
+    Path(site, "reused.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", VIRTUAL_ENV=str(venv), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    check = "import addernet; print(addernet.__file__, hasattr(addernet, 'adderize'))"
+    lines = readme_install_lines()
+    installs = lines.index("pip install -r requirements.txt")  # the first line that installs this repository
+    assert {"pip install -e '.[plot]'", "pip install -r requirements-extras.txt"} <= set(lines[installs + 1 :])
+    for i, line in enumerate(lines):
+        r = subprocess.run(["bash", "-c", line], cwd=clone, capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, (line, r.stderr[-3000:])
+        if i >= installs:
+            r = subprocess.run(
+                [venv / "bin" / "python", "-c", check], cwd=tmp_path, capture_output=True, text=True, env=env
+            )
+            assert r.stdout.split() == [str(clone / "addernet" / "__init__.py"), "True"], (line, r.stdout, r.stderr)
     [snippet] = [
         b for b in re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S) if "adderize" in b
     ]
-    code = f"{snippet}\nprint(addernet.__file__)"
-    r = subprocess.run([python, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run([venv / "bin" / "python", "-c", snippet], cwd=tmp_path, capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "replaced layer4.1.conv2: Conv2d -> Adder2d" in r.stdout
-    assert r.stdout.strip().splitlines()[-1] == str(clone / "addernet" / "__init__.py")
 
 
 def test_readme_install_block_installs_the_cpu_build_first_and_requirements_keep_it():

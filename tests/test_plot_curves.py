@@ -8,6 +8,7 @@ import pytest
 
 from addernet.analysis import curves
 from addernet.analysis.runs import load_metrics
+from addernet.errors import ConfigError
 
 from helpers import REPO
 
@@ -120,3 +121,49 @@ def test_log_scale_keeps_an_early_loss_spike_readable_and_the_title_names_the_ru
     assert (top1_ax.get_yscale(), loss_ax.get_yscale()) == ("linear", "log")
     assert fig._suptitle.get_text() == "adder-r20 vs cnn-r20"
     assert curves.plot([("a", _records(0))], tmp_path / "d.png").axes[1].get_yscale() == "linear"
+
+
+@pytest.mark.parametrize("fmt", ["png", "pdf", "svg", "eps", "ps"])
+def test_out_replaces_only_a_figure_it_made_and_says_which_file_it_wrote(tmp_path, capsys, fmt):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
+    run = _run_dir(tmp_path, "adder", _records(0))
+    out = tmp_path / "figs" / f"curves.{fmt}"  # a folder that does not exist yet
+    curves.main([str(run), "--out", str(out)])
+    curves.main([str(run), "--out", str(out), "--log"])  # its own figure: replaced
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {out} (1 run(s))"
+    user = tmp_path / f"photo.{fmt}"
+    user.write_bytes(b"a user's own picture " * 100)
+    with pytest.raises(ConfigError, match=f"--out {user}: that file exists and was not written by this command"):
+        curves.main([str(run), "--out", str(user)])
+    assert user.read_bytes() == b"a user's own picture " * 100
+    curves.main([str(run), "--out", str(user), "--overwrite"])
+    assert curves._ours(user)
+
+
+def test_out_without_an_extension_is_a_png_named_as_written(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
+    run = _run_dir(tmp_path, "adder", _records(0))
+    curves.main([str(run), "--out", str(tmp_path / "curvesnoext")])
+    png = tmp_path / "curvesnoext.png"
+    assert capsys.readouterr().out.strip() == f"wrote {png} (1 run(s))"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "curvesnoext").exists()
+
+
+@pytest.mark.slow
+def test_cli_out_in_a_format_it_does_not_write_is_one_line(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
+    run = _run_dir(tmp_path, "adder", _records(0))
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), str(run), "--out", "x.txt"], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("plot_curves.py: error: --out x.txt: .txt is not a format plot_curves.py writes; use ")
+    assert [p.name for p in tmp_path.iterdir()] == ["adder"]
+
+
+def test_out_below_a_file_names_the_folder_it_cannot_create(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
+    run = _run_dir(tmp_path, "adder", _records(0))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match=f"cannot create its folder {tmp_path / 'file' / 'sub'} \\(Not a directory"):
+        curves.main([str(run), "--out", str(tmp_path / "file" / "sub" / "c.png")])

@@ -166,3 +166,63 @@ def test_a_null_top1_gives_a_row_and_a_bad_line_is_named(tmp_path, capsys):
     (run / "metrics.jsonl").write_text(json.dumps(records[0]) + "\n\n{broken\n")
     with pytest.raises(ValueError, match=r"metrics.jsonl:3 is not valid JSON"):
         mod.result_row(run)
+
+
+def test_csv_and_json_never_replace_a_file_this_command_did_not_write(tmp_path, capsys):
+    (tmp_path / "runs").mkdir()
+    run = _run(tmp_path / "runs", "o1", [_epoch(6.0, 10, 20)])
+    jsonl = (run / "metrics.jsonl").read_text()
+    for option, target in (("--csv", run / "metrics.jsonl"), ("--json", run / "config.yaml")):
+        before = target.read_bytes()
+        with pytest.raises(SystemExit) as e:
+            mod.main([str(tmp_path / "runs"), option, str(target)])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and len(err.splitlines()) == 1, err
+        assert f"{option} {target}: that file exists and was not written by this command" in err
+        assert "--overwrite" in err and target.read_bytes() == before
+    # its own outputs are replaced by the next run; another file only with --overwrite
+    out = ["--csv", str(tmp_path / "r.csv"), "--json", str(tmp_path / "rows.json")]
+    assert mod.main([str(tmp_path / "runs"), *out]) == 0
+    assert mod.main([str(tmp_path / "runs"), *out]) == 0
+    assert (tmp_path / "r.csv").read_text().splitlines()[0].startswith("run,status,")
+    (tmp_path / "mine.csv").write_text("a user's table\n")
+    assert mod.main([str(tmp_path / "runs"), "--csv", str(tmp_path / "mine.csv"), "--overwrite"]) == 0
+    assert (tmp_path / "mine.csv").read_text() == (tmp_path / "r.csv").read_text()
+    assert (run / "metrics.jsonl").read_text() == jsonl
+
+
+@pytest.mark.parametrize(
+    "file, text",
+    [
+        ("metrics.jsonl", json.dumps({**_epoch(6.0, 10, 20), "epoch": "1"}) + "\n"),
+        ("metrics.jsonl", json.dumps({**_epoch(6.0, 10, 20), "val_top1": "50"}) + "\n"),
+        ("metrics.jsonl", json.dumps({**_epoch(6.0, 10, 20), "epoch": float("inf")}) + "\n"),
+        ("config.yaml", "model: [resnet20\n"),
+        ("config.yaml", "- a list\n"),
+        ("config.yaml", "trainer: 5\n"),
+        ("run.json", "{not json"),
+        ("run.json", '{"train_images": "all"}'),
+        (".hydra/overrides.yaml", "- [\n"),
+    ],
+    ids=["epoch-text", "top1-text", "epoch-inf", "yaml", "list", "group", "run-json", "counts", "overrides"],
+)
+def test_a_damaged_file_is_one_line_naming_it_and_the_other_runs_are_summarised(tmp_path, capsys, file, text):
+    good = _run(tmp_path, "good", [_epoch(6.0, 10_000, 20_000)])
+    bad = _run(tmp_path, "bad", [_epoch(6.0, 10_000, 20_000)])
+    (bad / file).parent.mkdir(exist_ok=True)
+    (bad / file).write_text(text)
+    code = mod.main([str(good), str(bad)])
+    out = capsys.readouterr().out
+    assert "| good | ok |" in out and "| good | resnet20 adder |" in out
+    [line] = [x for x in out.splitlines() if x.startswith("not measured:")]
+    assert code == 1 and line.startswith(f"not measured: {bad}: {bad / file}"), line
+    assert "| bad | resnet20 adder |" not in out  # no throughput row; run.json is not read for the results row
+    assert ("| bad | ok |" in out) == (file == "run.json")
+
+
+@pytest.mark.parametrize("option", [["--epochs", "-3"], ["--epochs", "0"], ["--images", "50000", "-1"]])
+def test_a_projection_of_no_epochs_or_images_is_refused(tmp_path, capsys, option):
+    run = _run(tmp_path, "a", [_epoch(6.0, 10_000, 20_000)])
+    with pytest.raises(SystemExit) as e:
+        mod.main([str(run), *option])
+    assert e.value.code == 2 and f"'{option[-1]}' is not a whole number >= 1" in capsys.readouterr().err

@@ -157,3 +157,67 @@ def test_zoo_add_writes_a_verified_entry(own_zoo, tmp_path):
     assert sha256(own_zoo / "copy.pt") == entries["copy"]["sha256"]
     assert sorted(p.name for p in own_zoo.iterdir()) == sorted(["manifest.json", "copy.pt", *before])
     load_checkpoint(path("copy"))
+
+
+@pytest.mark.parametrize("name", ["../../evil", "", "copy.pt", ".hidden", "a/b", "sub\\evil", "x y"])
+def test_zoo_add_refuses_a_name_that_is_not_plain_before_anything_is_written(own_zoo, tmp_path, name):
+    before = _snapshot(own_zoo)
+    with pytest.raises(ConfigError, match="is not a plain name; use letters, digits, _ and -") as e:
+        _zoo_add(_run_dir(tmp_path), name, "--data-root", str(tmp_path / "nowhere"))
+    assert ("(without .pt: copy)" in str(e.value)) == (name == "copy.pt")
+    assert _snapshot(own_zoo) == before and not list(tmp_path.glob("**/evil*"))
+
+
+def _damage(own_zoo, edit):
+    entries = json.loads((own_zoo / "manifest.json").read_text())
+    edit(entries)
+    (own_zoo / "manifest.json").write_text(json.dumps(entries))
+
+
+def test_a_manifest_that_is_not_json_is_one_line_naming_it(own_zoo, tmp_path):
+    (own_zoo / "manifest.json").write_text('{"mnist_lenet5_bn_adder": {"file": ')
+    for load in (lambda: load_checkpoint(own_zoo / "mnist_lenet5_bn_cnn.pt"), lambda: path("mnist_lenet5_bn_cnn")):
+        with pytest.raises(CheckpointError, match=f"{own_zoo / 'manifest.json'} is damaged .*git checkout --") as e:
+            load()
+        assert len(str(e.value).splitlines()) == 1
+    other = save_checkpoint(load_checkpoint(ZOO / "mnist_lenet5_bn_cnn.pt"), tmp_path / "elsewhere.pt")
+    load_checkpoint(other)  # a checkpoint outside the zoo does not read the manifest
+    with pytest.raises(CheckpointError, match="manifest.json is damaged"):  # nor is it written over
+        _zoo_add(_run_dir(tmp_path), "copy", "--data-root", str(tmp_path / "nowhere"))
+    assert (own_zoo / "manifest.json").read_text() == '{"mnist_lenet5_bn_adder": {"file": '
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda e: e["mnist_lenet5_bn_cnn"].pop("sha256"),
+        lambda e: e.update(mnist_lenet5_bn_cnn=5),
+        lambda e: e["mnist_lenet5_bn_cnn"].pop("file"),
+        lambda e: e["mnist_lenet5_bn_cnn"].update(file="../../mnist_lenet5_bn_cnn.pt"),
+    ],
+    ids=["no-sha256", "not-an-object", "no-file", "file-outside"],
+)
+def test_a_damaged_entry_refuses_its_own_file_and_the_intact_entries_still_load(own_zoo, damage):
+    _damage(own_zoo, damage)
+    with pytest.raises(CheckpointError, match="manifest.json is damaged: its entry 'mnist_lenet5_bn_cnn' has no"):
+        path("mnist_lenet5_bn_cnn")
+    with pytest.raises(CheckpointError, match="manifest.json is damaged: its entry 'mnist_lenet5_bn_cnn'"):
+        load_checkpoint(own_zoo / "mnist_lenet5_bn_cnn.pt")
+    for name in ("mnist_lenet5_bn_adder", "mnist_lenet5_bn_adder_conv2"):
+        assert load_checkpoint(path(name))["config"]["model"]["name"] == "lenet5_bn"
+
+
+def test_test_py_on_a_zoo_file_with_a_damaged_manifest_is_one_line(own_zoo):
+    (own_zoo / "manifest.json").write_text("not json")
+    r = run_main(evaluate_main, "test.py", [f"checkpoint={own_zoo / 'mnist_lenet5_bn_adder.pt'}"])
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("test.py: error: ")
+    assert f"{own_zoo / 'manifest.json'} is damaged" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_zoo_add_of_a_checkpoint_without_a_training_config_is_one_line(own_zoo, tmp_path):
+    run = tmp_path / "bare"
+    save_checkpoint({"conv.weight": torch.zeros(2)}, run / "checkpoints" / "last.pt")
+    before = _snapshot(own_zoo)
+    with pytest.raises(ConfigError, match="last.pt is not a checkpoint of train.py .*give the run dir of a finished"):
+        _zoo_add(run, "copy", "--data-root", str(tmp_path))
+    assert _snapshot(own_zoo) == before

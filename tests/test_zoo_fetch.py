@@ -6,6 +6,8 @@ import hashlib
 import http.server
 import os
 import re
+import shutil
+import subprocess
 import threading
 
 import pytest
@@ -14,7 +16,7 @@ from addernet.checkpoint import load_checkpoint
 from addernet.errors import CheckpointError
 from addernet.zoo import fetch as zf
 
-from helpers import OFFICIAL_R20, needs_shared
+from helpers import OFFICIAL_R20, REPO, needs_shared
 
 
 class Quiet(http.server.SimpleHTTPRequestHandler):
@@ -91,3 +93,57 @@ def test_the_missing_official_checkpoint_names_the_command_that_gets_it(tmp_path
 def test_unknown_name_lists_the_fetchable_ones():
     with pytest.raises(CheckpointError, match="resnet20-official"):
         zf.fetch("resnet20", ".")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027], ids=["umask022", "umask027"])
+def test_the_fetched_file_gets_the_umasks_permissions(served, fake_entry, tmp_path, umask):
+    url, folder = served
+    (folder / "demo.pth").write_bytes(fake_entry)
+    old = os.umask(umask)
+    try:
+        path = zf.fetch("demo", tmp_path / "models", url=f"{url}/demo.pth")
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_another_file_of_that_name_is_replaced_only_with_overwrite(served, fake_entry, tmp_path, capsys):
+    url, folder = served
+    (folder / "demo.pth").write_bytes(fake_entry)
+    dest = tmp_path / "models"
+    dest.mkdir()
+    (dest / "demo.pth").write_bytes(b"the user's fine-tuned weights")
+    argv = ["fetch", "demo", "--dest", str(dest), "--url", f"{url}/demo.pth"]
+    with pytest.raises(SystemExit) as e:
+        zf.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1
+    assert f"{dest / 'demo.pth'} exists and is not the published file" in err and "--overwrite" in err
+    assert (dest / "demo.pth").read_bytes() == b"the user's fine-tuned weights" and os.listdir(dest) == ["demo.pth"]
+    zf.main([*argv, "--overwrite"])
+    assert (dest / "demo.pth").read_bytes() == fake_entry
+
+
+def test_the_readme_fetches_into_a_folder_git_ignores():
+    [dest] = re.findall(r"python -m addernet\.zoo fetch \S+ --dest (\S+)", (REPO / "README.md").read_text())
+    file = f"{dest}/{zf.FETCHABLE['resnet20-official']['file']}"
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("needs git and a git checkout")
+    r = subprocess.run(["git", "check-ignore", "-q", "--no-index", file], cwd=REPO)
+    assert r.returncode == 0, f"{file} is not covered by .gitignore"
+
+
+@pytest.mark.parametrize("where", ["a file", "below a file", "read-only"])
+def test_a_dest_that_cannot_take_the_file_is_one_line(served, fake_entry, tmp_path, capsys, where):
+    url, folder = served
+    (folder / "demo.pth").write_bytes(fake_entry)
+    (tmp_path / "file").write_text("x")
+    dest = {"a file": tmp_path / "file", "below a file": tmp_path / "file" / "models", "read-only": "/sys/models"}
+    if where == "read-only" and not os.path.isdir("/sys/kernel"):
+        pytest.skip("/sys (a file system no one may create folders in) is Linux's")
+    with pytest.raises(SystemExit) as e:
+        zf.main(["fetch", "demo", "--dest", str(dest[where]), "--url", f"{url}/demo.pth"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("python -m addernet.zoo: error:")
+    assert ("is a file, not a folder" if where == "a file" else "cannot create its folder") in err, err
+    assert (tmp_path / "file").read_text() == "x"

@@ -7,13 +7,23 @@ train.py writes (one JSON object per epoch). The runs are overlaid on shared axe
 train dashed, val solid), so adder and CNN compare directly; the figure's title names the runs.
 ``--log`` draws the loss on a log scale, so one early spike (a CNN's first val loss of 89) does not
 flatten every other line. matplotlib is an optional dependency: ``pip install -e '.[plot]'``.
+
+``--out`` is a PNG, PDF, SVG, EPS or PS file (a name without an extension gets ``.png``); the figure records that
+this command made it, so the next run replaces it, while any other existing file needs ``--overwrite``. A missing
+folder is created.
 """
 
 import argparse
+import os
 from pathlib import Path
 
+from ..checks import output_file
 from ..errors import ConfigError, DataError, reported
 from .runs import load_metrics
+
+# the formats whose files record their maker (FORMATS' metadata), so a later run knows it may replace them
+FORMATS = ("png", "pdf", "svg", "eps", "ps")
+MAKER = "addernet plot_curves"
 
 # (panel title, y label, train key, val key) for the two panels.
 PANELS = (
@@ -57,16 +67,39 @@ def plot(runs, out, log=False):
         ax.legend(fontsize="small")
     fig.suptitle(" vs ".join(label for label, _ in runs))
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=120, metadata={"Creator": MAKER})
     return fig
+
+
+def _ours(path, span=1 << 16):
+    """Whether ``path`` is a figure this command made: its Creator metadata, which each of FORMATS keeps near the
+    start of the file (PNG, SVG, EPS, PS) or near its end (PDF)."""
+    with open(path, "rb") as f:
+        head = f.read(span)
+        f.seek(max(f.seek(0, os.SEEK_END) - span, 0))
+        return MAKER.encode() in head + f.read()
+
+
+def output(out, overwrite=False):
+    """The file ``--out`` names (``.png`` added to a name without an extension), checked before anything is drawn:
+    ConfigError for a format other than FORMATS or a file this command would replace without having made it."""
+    out = Path(out)
+    if not out.suffix:
+        out = out.with_name(out.name + ".png")
+    if out.suffix[1:].lower() not in FORMATS:
+        raise ConfigError(
+            f"--out {out}: {out.suffix} is not a format plot_curves.py writes; use .{', .'.join(FORMATS)}."
+        )
+    return output_file(out, "--out", _ours, overwrite)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="directories holding metrics.jsonl")
-    p.add_argument("--out", default="curves.png", help="output PNG (default: curves.png)")
+    p.add_argument("--out", default="curves.png", help=f"output figure: {', '.join(FORMATS)} (default: curves.png)")
     p.add_argument("--labels", nargs="+", help="one legend label per run (default: the directory name)")
     p.add_argument("--log", action="store_true", help="loss on a log scale (early spikes stay readable)")
+    p.add_argument("--overwrite", action="store_true", help="let --out replace a file this command did not make")
     args = p.parse_args(argv)
     if args.labels and len(args.labels) != len(args.run_dirs):
         p.error(f"--labels has {len(args.labels)} names for {len(args.run_dirs)} runs")
@@ -81,8 +114,11 @@ def main(argv=None):
         raise ConfigError(
             "plotting needs matplotlib, an optional extra: pip install -e '.[plot]' (or pip install matplotlib)"
         ) from None
-    plot(runs, args.out, log=args.log)
-    print(f"wrote {args.out} ({len(runs)} run(s))")
+    out = output(args.out, args.overwrite)
+    import matplotlib.pyplot as plt
+
+    plt.close(plot(runs, out, log=args.log))
+    print(f"wrote {out} ({len(runs)} run(s))")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Results and throughput tables of train.py run dirs, from what the runs recorded.
 
     python -m addernet.analysis.summarize SWEEP_OR_RUN_DIR [...] [--format markdown|csv] [--csv PATH]
-                                          [--epochs N] [--images TRAIN VAL] [--json PATH]
+                                          [--epochs N] [--images TRAIN VAL] [--json PATH] [--overwrite]
 
 (``scripts/summarize_runs.py`` is the same command.) Each argument is a run dir (it holds metrics.jsonl)
 or a dir of run dirs (a Hydra sweep dir ``multirun/<date>/<time>``, or ``outputs``), searched
@@ -22,6 +22,11 @@ projected time of ``--epochs`` epochs (default: the run's own trainer.epochs) at
 are the run's own (run.json) unless ``--images TRAIN VAL`` names others (CIFAR-10's full recipe:
 ``--epochs 400 --images 50000 10000``) and overhead is the rest of the measured epoch. The cell says
 what it assumed.
+
+``--csv`` and ``--json`` replace only a file this command wrote (a results CSV, throughput rows); any other
+existing file needs ``--overwrite``. A run whose files are damaged (a metrics.jsonl line that is not a train.py
+record, a config.yaml that is not YAML) is one ``not measured`` line naming the file; the other runs are still
+summarised.
 """
 
 import argparse
@@ -32,6 +37,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from ..checks import json_with, output_file
+from ..errors import reported
 from .runs import config, facts, failure, find_runs, load_metrics, overrides
 
 RESULT_COLUMNS = (
@@ -142,11 +149,20 @@ def results_markdown(rows):
     return "\n".join(lines)
 
 
+# the CSV's columns: a mean ± std cell is written as two columns' worth, ``<key>`` and ``<key>_std``
+CSV_COLUMNS = [c for k in RESULT_COLUMNS for c in ((k, f"{k}_std") if k in AVERAGED else (k,))]
+
+
+def _our_csv(path):
+    """Whether ``path`` is a results CSV this command wrote (its header row)."""
+    with open(path, newline="", errors="replace") as f:
+        return next(csv.reader(f), None) == CSV_COLUMNS
+
+
 def results_csv(rows):
-    """CSV of the rows; a mean ± std cell is written as two columns' worth: ``<key>`` and ``<key>_std``."""
-    columns = [c for k in RESULT_COLUMNS for c in ((k, f"{k}_std") if k in AVERAGED else (k,))]
+    """CSV of the rows (CSV_COLUMNS)."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
     for r in rows:
         flat = {}
@@ -218,18 +234,36 @@ def table(rows):
     return "\n".join(lines)
 
 
+def _positive(text):
+    """An argparse type: a whole number >= 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
 def main(argv=None):
     """Print the tables; 0 when every run finished and was measured, else 1 (failed jobs are rows, too)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="run dirs (hydra.run.dir) or dirs holding them (a sweep dir)")
     ap.add_argument("--format", choices=("markdown", "csv"), default="markdown", help="results table format")
     ap.add_argument("--csv", help="also write the results table as CSV to this file")
-    ap.add_argument("--epochs", type=int, help="epochs to project (default: each run's trainer.epochs)")
+    ap.add_argument("--epochs", type=_positive, help="epochs to project (default: each run's trainer.epochs)")
     ap.add_argument(
-        "--images", type=int, nargs=2, metavar=("TRAIN", "VAL"), help="image counts to project (default: the run's)"
+        "--images",
+        type=_positive,
+        nargs=2,
+        metavar=("TRAIN", "VAL"),
+        help="image counts to project (default: the run's)",
     )
     ap.add_argument("--json", help="also write the throughput rows to this file")
+    ap.add_argument(
+        "--overwrite", action="store_true", help="let --csv / --json replace a file this command did not write"
+    )
     a = ap.parse_args(argv)
+    with reported(ap.prog):  # before any run is read
+        for path, option, ours in ((a.csv, "--csv", _our_csv), (a.json, "--json", json_with("run", "projected_h"))):
+            if path:
+                output_file(path, option, ours, a.overwrite)
     results, rows, missing = [], [], []
     for run in find_runs(a.runs):
         try:

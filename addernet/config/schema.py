@@ -487,7 +487,7 @@ class QuantizeConfig(TestConfig):
 @dataclass
 class ExportConfig(TestConfig):
     out: str = MISSING  # the .onnx file to write
-    opset: int = 17  # ONNX opset (>= 17)
+    opset: int = 17  # ONNX opset (17 to 20)
     overwrite: bool = False  # true: out= may replace an existing file (never the input checkpoint)
 
 

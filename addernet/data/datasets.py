@@ -22,6 +22,7 @@ from PIL import Image
 from torchvision import datasets as tvd
 
 from ..checks import number
+from ..config import config_dir
 from ..errors import ConfigError, DataError
 from ..registry import registrar
 from .subset import take_subset
@@ -216,18 +217,43 @@ def torchvision_dataset(data_cfg, split, transform):
         sub = os.path.relpath(folder, root)
         layout = f"<data.root>/{sub}/{{{', '.join(names)}}}"
         get = f"python -c \"import torchvision; torchvision.datasets.{cls.__name__}('data', download=True)\""
+        images = _image_folder_hint(data_cfg, root)
         if data_cfg.download:
             source = getattr(cls, "url", None) or " or ".join(getattr(cls, "mirrors", ()))
             raise DataError(
                 f"{cls.__name__} is not in {folder} and the download from {source} failed ({_reason(e)}). "
-                f"Without network access here, run {get} on a machine that has it, copy the data/ folder it "
-                f"writes, and set data.root=<the copy> (layout {layout})."
+                f"{images}Without network access here, run {get} on a machine that has it, copy the data/ folder "
+                f"it writes, and set data.root=<the copy> (layout {layout})."
             ) from None
         raise DataError(
-            f"{cls.__name__} is not in {folder}, or its files fail their checksum (data.download=false). Put "
-            f"the files there (layout {layout}), set data.root=<folder holding {sub}/>, or set "
+            f"{cls.__name__} is not in {folder}, or its files fail their checksum (data.download=false). "
+            f"{images}Put the files there (layout {layout}), set data.root=<folder holding {sub}/>, or set "
             f"data.download=true with network access (or run {get} where there is network and copy data/)."
         ) from None
+
+
+def _holds_class_folders(path):
+    """Whether ``path`` is an ImageFolder: a sub-folder of it holds an image file (the first few looked at)."""
+    try:
+        classes = sorted(e.path for e in os.scandir(path) if e.is_dir())[:4]
+        return any(
+            f.is_file() and f.name.lower().endswith(tvd.folder.IMG_EXTENSIONS) for c in classes for f in os.scandir(c)
+        )
+    except OSError:
+        return False
+
+
+def _image_folder_hint(data_cfg, root):
+    """The sentence that names the image-folder dataset when ``root`` holds image files instead of the torchvision
+    files (<root>/train and <root>/test ImageFolders, or an ImageFolder itself) and that dataset exists, else ''."""
+    option = f"data={data_cfg.name}_folder"
+    if not os.path.isfile(os.path.join(config_dir(), "data", f"{data_cfg.name}_folder.yaml")):
+        return ""
+    if any(_holds_class_folders(os.path.join(root, split)) for split in ("train", "test")):
+        return f"{root} holds image folders (train/, test/): read them with {option} data.root={root}. "
+    if _holds_class_folders(root):
+        return f"{root} is an image folder (<class>/<image>): evaluate it with {option} data.val_dir={root}. "
+    return ""
 
 
 def _reason(error):

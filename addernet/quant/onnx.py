@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from ..ops import Adder2d
 from .convert import check_supported, replace_module
 from .qadder import QAdder2d
@@ -106,12 +107,24 @@ def onnx_ready(model):
     return model
 
 
+# 17: the first opset with every operator used here; 20: the highest torch.onnx.export's TorchScript exporter writes
+OPSETS = range(17, 21)
+
+
+def check_opset(opset):
+    """ConfigError unless ``opset`` is one of OPSETS."""
+    if int(opset) not in OPSETS:
+        raise ConfigError(
+            f"opset={opset} cannot be written: use {OPSETS[0]} to {OPSETS[-1]} (the operators used need {OPSETS[0]}; "
+            f"torch's TorchScript exporter writes up to {OPSETS[-1]})."
+        )
+
+
 def export_onnx(model, path, example, opset=17):
     """Write `model` to `path` as ONNX (input "images", output "logits", dynamic batch); checks the file."""
     import onnx
 
-    if int(opset) < 17:
-        raise ValueError(f"opset={opset}: use 17 or later")
+    check_opset(opset)
     ready = onnx_ready(model)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter (see the docstring)

@@ -13,17 +13,20 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from ..checks import output_folder
 from ..config.entry import run_entry
 from ..engine.evaluation import load_float_model
 from ..engine.rundir import check_output_path
 from ..errors import reported
 from ..quant import quantize_for_eval
-from ..quant.onnx import export_onnx
+from ..quant.onnx import check_opset, export_onnx
 
 
 def export(cfg, overrides):
     """Write the ONNX file ``cfg`` describes; returns the printed result."""
+    check_opset(cfg.opset)
     check_output_path(cfg.get("out"), "out", inputs=(cfg.get("checkpoint"),), overwrite=bool(cfg.overwrite))
+    output_folder(cfg.out, "out=")
     model, cfg, _ = load_float_model(cfg, overrides, allow_quantized=True, entry="export_onnx")
     model, info = quantize_for_eval(model, cfg)
     size = int(cfg.data.image_size)

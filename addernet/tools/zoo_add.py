@@ -3,7 +3,9 @@
     python -m addernet.tools.zoo_add RUN_DIR NAME --preset mnist_lenet5_bn_adder --command "python train.py ..." \\
         --data-root ../shared/mnist [--quant-bits 8 4] [--replace]
 
-(``scripts/zoo_add.py`` is the same command.) Checks first, writes last:
+(``scripts/zoo_add.py`` is the same command; it runs from a checkout or an installed copy, and a relative
+--data-root is the current folder's.) NAME is a plain name (letters, digits, ``_`` and ``-``): the file is
+addernet/zoo/NAME.pt. Checks first, writes last:
 
 1. the run is finished (RUN_DIR/checkpoints/last.pt is the last planned epoch: a zoo file is chosen by
    its seed and schedule, never by test accuracy) and is the preset it claims (its stored config is
@@ -34,7 +36,7 @@ from ..checkpoint import load_checkpoint, save_checkpoint
 from ..config import config_dir
 from ..errors import ConfigError, reported
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[2]  # the folder holding this package: a checkout, or site-packages
 # Keys that say where the data lives, how it is fed or shown, or which seed: not what the preset trains.
 FREE = (
     "data.root",
@@ -84,7 +86,13 @@ def preset_differences(stored, preset):
 
 def check_run(ckpt, run_dir, preset):
     """ConfigError unless ``ckpt`` (the run's last.pt) is a finished run of ``preset``."""
-    history, planned = ckpt.get("history") or [], ckpt["config"]["trainer"]["epochs"]
+    trainer = (ckpt.get("config") or {}).get("trainer") if isinstance(ckpt, dict) else None
+    if not (isinstance(trainer, dict) and isinstance(trainer.get("epochs"), int)):
+        raise ConfigError(
+            f"{run_dir / 'checkpoints' / 'last.pt'} is not a checkpoint of train.py (it stores no training config); "
+            f"give the run dir of a finished train.py run."
+        )
+    history, planned = ckpt.get("history") or [], trainer["epochs"]
     if ckpt.get("step") or ckpt.get("epoch") != planned or len(history) != planned:
         raise ConfigError(
             f"{run_dir} is unfinished (epoch {ckpt.get('epoch')} of {planned}, step "
@@ -99,9 +107,11 @@ def check_run(ckpt, run_dir, preset):
 
 
 def evaluate(file, data_root, *extra):
-    """test.py's JSON result for ``file``; ConfigError with test.py's last words when it fails."""
-    cmd = [sys.executable, str(ROOT / "test.py"), f"checkpoint={file}", f"data.root={data_root}", "data.download=false"]
-    out = subprocess.run([*cmd, *extra], capture_output=True, text=True, cwd=ROOT)
+    """test.py's JSON result for ``file`` (``python -m addernet.test`` of this package, a checkout's or an installed
+    copy's); ConfigError with test.py's last words when it fails."""
+    cmd = [sys.executable, "-m", "addernet.test", f"checkpoint={file}", f"data.root={data_root}", "data.download=false"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    out = subprocess.run([*cmd, *extra], capture_output=True, text=True, cwd=ROOT, env=env)
     if out.returncode:
         last = (out.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise ConfigError(f"evaluating {file} failed (test.py exit {out.returncode}): {last}; the zoo is unchanged.")
@@ -153,7 +163,7 @@ def main(argv=None):
     ap.add_argument("--replace", action="store_true", help="replace an existing entry of that name")
     args = ap.parse_args(argv)
 
-    target = zoo.ZOO / f"{args.name}.pt"
+    target = zoo.ZOO / f"{zoo.check_name(args.name)}.pt"
     if not args.replace and (args.name in zoo.manifest() or target.exists()):
         raise ConfigError(
             f"the zoo already has {args.name!r} ({target}); pass --replace to replace it, or choose another name."
@@ -163,7 +173,7 @@ def main(argv=None):
     slim = zoo.inference_checkpoint(ckpt)
     with tempfile.TemporaryDirectory(dir=zoo.ZOO, prefix=".zoo_add-") as tmp:  # same file system: os.replace
         trial = save_checkpoint(slim, Path(tmp) / target.name)
-        entry = build_entry(args, ckpt, trial, args.data_root)
+        entry = build_entry(args, ckpt, trial, os.path.abspath(args.data_root))
         entry["sha256"] = zoo.sha256(trial)
         os.replace(trial, target)  # the evaluated bytes themselves
     entries = zoo.manifest()

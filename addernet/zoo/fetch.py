@@ -1,6 +1,6 @@
 """Download a published pretrained checkpoint, check its sha256 and write it atomically.
 
-    python -m addernet.zoo fetch resnet20-official [--dest DIR] [--url URL]
+    python -m addernet.zoo fetch resnet20-official [--dest DIR] [--url URL] [--overwrite]
 
 Files too large or too foreign to ship with the package (the official checkpoints) are fetched by
 name: the table below pins each to one URL and its full sha256, so a file is used only when it is
@@ -9,12 +9,13 @@ byte for byte the published one. ``--url`` fetches the same file from a mirror (
 
 import argparse
 import os
+import secrets
 import shutil
-import tempfile
 import urllib.error
 import urllib.request
 
-from ..errors import CheckpointError, reported
+from ..checks import output_folder
+from ..errors import CheckpointError, ConfigError, reported
 from . import sha256
 
 OFFICIAL_COMMIT = "d94dc43a0f2a7448c8c38bcf638062de89f2d34d"  # huawei-noah/AdderNet, the commit that holds the file
@@ -43,19 +44,30 @@ def fetch_hint(path):
     return ""
 
 
-def fetch(name, dest=".", url=None):
-    """``dest``/<file> of the fetchable checkpoint ``name``, downloaded unless a verified copy is there."""
+def fetch(name, dest=".", url=None, overwrite=False):
+    """``dest``/<file> of the fetchable checkpoint ``name``, downloaded unless a verified copy is there. Another
+    file of that name there is replaced only with ``overwrite``; the new file gets the umask's permissions."""
     if name not in FETCHABLE:
         raise CheckpointError(f"no fetchable checkpoint named {name!r}; available: {', '.join(sorted(FETCHABLE))}.")
     entry = FETCHABLE[name]
     url = url or entry["url"]
-    os.makedirs(dest, exist_ok=True)
+    if os.path.exists(dest) and not os.path.isdir(dest):
+        raise ConfigError(f"--dest {dest} is a file, not a folder; give a folder (it is created when missing).")
     target = os.path.abspath(os.path.join(dest, entry["file"]))
-    if os.path.isfile(target) and sha256(target) == entry["sha256"]:
-        return target
-    fd, tmp = tempfile.mkstemp(prefix=f".{entry['file']}.", suffix=".tmp", dir=os.path.dirname(target))
+    if os.path.isfile(target):
+        got = sha256(target)
+        if got == entry["sha256"]:
+            return target
+        if not overwrite:
+            raise ConfigError(
+                f"{target} exists and is not the published file (sha256 {got[:16]}..., published "
+                f"{entry['sha256'][:16]}...); it is not replaced. Move it, give another --dest, or add --overwrite "
+                f"to replace it."
+            )
+    output_folder(target, "--dest")
+    tmp = os.path.join(os.path.dirname(target), f".{entry['file']}.{secrets.token_hex(4)}.tmp")
     try:
-        with os.fdopen(fd, "wb") as out:
+        with open(tmp, "xb") as out:  # created like any file the user writes: the umask decides its permissions
             try:
                 with urllib.request.urlopen(url, timeout=60) as response:
                     shutil.copyfileobj(response, out, CHUNK)
@@ -75,6 +87,10 @@ def fetch(name, dest=".", url=None):
                 f"it was not saved. Check the URL (a proxy's error page, a different file) and try again."
             )
         os.replace(tmp, target)
+    except OSError as e:  # the file itself could not be written: permissions, a full disk
+        raise CheckpointError(
+            f"cannot write {target} ({e.strerror or e}); give a --dest where it can be written."
+        ) from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -88,9 +104,10 @@ def main(argv=None):
     get.add_argument("name", choices=sorted(FETCHABLE))
     get.add_argument("--dest", default=".", help="folder to write it to (default: the current folder)")
     get.add_argument("--url", help="fetch from this URL instead (a mirror, or file:///path)")
+    get.add_argument("--overwrite", action="store_true", help="replace another file of that name in --dest")
     args = parser.parse_args(argv)
     with reported(parser.prog):
-        path = fetch(args.name, args.dest, args.url)
+        path = fetch(args.name, args.dest, args.url, args.overwrite)
         print(f"{args.name}: {path} (sha256 {FETCHABLE[args.name]['sha256']} verified)")
         print(
             f"evaluate it: python test.py checkpoint={path} model=resnet20 data=cifar10 (data.root=<CIFAR-10 folder>)"
