@@ -1,6 +1,6 @@
 """The engine: config checks, the epoch loop, the fit driver, resume state, run outputs, meters, evaluation.
 
-config.py    check_config: every rule of a training config checked once, returning the typed Settings; the device
+config.py    check_config: a training config's rules (a task checks its own when built), the typed Settings; the device
 evaluate.py  evaluation over a sharded loader
 loop.py      one epoch of training steps, with host checks only every trainer.log_every steps
 step.py      one optimizer step: mixing, micro-batches, clipping, the step, the weight average

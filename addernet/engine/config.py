@@ -1,9 +1,11 @@
 """Validation of the composed config, and the builders every entry point shares (device, model).
 
 ``check_config`` (train.py) and ``check_eval_config`` (test.py) run before anything is built, so a
-bad value stops with one message naming the key and the fix instead of failing deep inside. Every rule
-of a training config, those between keys included, is checked there once: ``check_config`` returns the
-typed, frozen ``Settings`` the run reads, and nothing after it checks a setting again.
+bad value stops with one message naming the key and the fix instead of failing deep inside. The rules
+of a training config, those between keys included, are checked there: ``check_config`` returns the typed,
+frozen ``Settings`` the run reads. A training task's own rules on its ``task.*`` keys are checked when
+``build_task`` builds the task (``TrainingTask.check_config``); ``compile_model`` and ``autocast`` check
+their own argument (``trainer.compile``, ``trainer.amp``) again for callers outside the engine.
 """
 
 import dataclasses
@@ -100,7 +102,8 @@ class Settings:
 
 
 def check_config(cfg, world=None):
-    """Check every rule of a training config once, cross-field ones included; returns its typed Settings.
+    """Check the rules of a training config, cross-field ones included; returns its typed Settings. The task's
+    own rules on its ``task.*`` keys run when the task is built (``build_task``).
 
     ``world``: the number of processes (default: what torchrun or SLURM announced), for the rules on each
     process's share of the batch. The messages say which override fixes what.

@@ -1,9 +1,9 @@
 """The parts of a training run, built in one phase: ``build(cfg, settings, run_dir, device)`` returns them frozen.
 
-``settings`` is what ``config.check_config`` returned: every rule of the config is checked there, once, and
-the parts read its typed values. What else can refuse the launch runs first (the resume choice, data, the
-checkpoint restore and its config comparison, the trackers' packages); only then are the run dir's files
-written (config.yaml, run.json, metrics.jsonl, TensorBoard, trackers). So a launch that fails leaves an
+``settings`` is what ``config.check_config`` returned, and the parts read its typed values; the task checks
+its own ``task.*`` keys as ``build_task`` builds it. What else can refuse the launch runs first (the resume
+choice, data, the checkpoint restore and its config comparison, the trackers' packages); only then are the run
+dir's files written (config.yaml, run.json, metrics.jsonl, TensorBoard, trackers). So a launch that fails leaves an
 existing run dir's files as they were (docs/reliability.md).
 """
 
