@@ -36,6 +36,13 @@ ENTRIES = {
     "addernet.tools.quantize": "quantize",
     "scripts/export_onnx.py": "export_onnx",
     "addernet.tools.export_onnx": "export_onnx",
+    "scripts/dist_train.sh": "train",
+    "scripts/reproduce.sh": "train",
+}
+# entry points whose first argument is not an override: the override it stands for (None: nothing to compose)
+FIRST_ARGUMENT = {
+    "scripts/dist_train.sh": lambda nproc: None,
+    "scripts/reproduce.sh": lambda preset: None if preset == "--list" else f"experiment={preset}",
 }
 # Hydra's own flags that take a value, and those that do not (besides -m / --multirun)
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp", "--config-name"}
@@ -60,7 +67,7 @@ PLACEHOLDER = "placeholder"
 
 # a repository path: one of the top-level folders at the start of a word, then path characters (a glob allowed)
 PATH = re.compile(r"(?<![\w./~$-])((?:configs|addernet|scripts|tests|docs)/[\w./*-]*)(::\w+)?")
-COMMAND_SPAN = re.compile(r"`((?:[A-Z_]+=\S+\s+)*(?:python3?|torchrun)\s[^`]*)`")
+COMMAND_SPAN = re.compile(r"`((?:[A-Z_0-9]+=\S+\s+)*(?:python3?|torchrun|scripts/\w+\.sh)\s[^`]*)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
@@ -121,14 +128,15 @@ def entry_commands(line):
         if any(re.search(rf"(^|\s){re.escape(name)}(\s|$)", line) for name in ENTRIES):
             raise
         return []
-    commands, entry, args = [], None, []
+    commands, entry, args, first = [], None, [], False
     for i, token in enumerate(tokens + [";"]):
         if set(token) <= set("();<>|&"):
             if entry:
                 commands.append((entry, args[:-1] if args and args[-1].isdigit() and token[0] in "<>" else args))
             entry, args = None, []
         elif entry:
-            key, _, value = token.strip("[]").partition("=")
+            token, first = FIRST_ARGUMENT[entry](token) if first else token, False
+            key, _, value = (token or "...").strip("[]").partition("=")
             if (
                 key != "..."
                 and "@" not in key
@@ -136,7 +144,7 @@ def entry_commands(line):
             ):
                 args.append(token)
         elif token in ENTRIES and (not token.startswith("addernet.") or tokens[i - 1] == "-m"):
-            entry = token
+            entry, first = token, token in FIRST_ARGUMENT
     out = []
     for entry, args in commands:
         used = sorted({int(n) for arg in args for n in re.findall(r"@(\d+)@", arg)})
@@ -282,6 +290,7 @@ def test_the_checker_finds_a_wrong_path_a_wrong_override_and_reads_shell_syntax(
             "OMP_NUM_THREADS=1 python train.py -m data=fake trainer.seed=0,1 \\",
             "    trainer.epochs=<1|2> data.root=<a folder>   # two seeds",
             "for e in 1 3; do python test.py checkpoint=run$e/best.pt trainer.device=cpu > out$e.txt 2>&1 & done",
+            "scripts/dist_train.sh 8 data=fake; NPROC=2 scripts/reproduce.sh mnist_lenet5_bn_adder data.root=<dir>",
             "python -m addernet.train trainer.epochz=1 && tensorboard --logdir outputs",
             "```",
         ]
@@ -293,10 +302,12 @@ def test_the_checker_finds_a_wrong_path_a_wrong_override_and_reads_shell_syntax(
         (3, "train.py", ["-m", "data=fake", "trainer.seed=0,1", "trainer.epochs=2", f"data.root={PLACEHOLDER}"]),
         (5, "test.py", ["checkpoint=run1/best.pt", "trainer.device=cpu"]),
         (5, "test.py", ["checkpoint=run3/best.pt", "trainer.device=cpu"]),
-        (6, "addernet.train", ["trainer.epochz=1"]),
+        (6, "scripts/dist_train.sh", ["data=fake"]),
+        (6, "scripts/reproduce.sh", ["experiment=mnist_lenet5_bn_adder", f"data.root={PLACEHOLDER}"]),
+        (7, "addernet.train", ["trainer.epochz=1"]),
     ]
     assert len(overrides(commands[1][2])) == 2  # a job per seed
-    assert [compose_error(entry, args) for _, entry, args in commands[:-1]] == [None] * 5
+    assert [compose_error(entry, args) for _, entry, args in commands[:-1]] == [None] * 7
     assert "unknown key trainer.epochz (did you mean trainer.epochs?)" in compose_error(
         "train.py", ["trainer.epochz=1"]
     )
