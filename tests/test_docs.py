@@ -276,6 +276,17 @@ def test_every_entry_point_has_a_documented_command():
     assert {ENTRIES[entry] for _, entry, _ in COMMANDS} == set(ENTRIES.values())
 
 
+def test_the_docs_index_lists_every_page():
+    listed = set(LINK.findall((REPO / "docs" / "README.md").read_text()))
+    assert listed == {p.name for p in (REPO / "docs").glob("*.md")} - {"README.md"}
+
+
+def test_the_readme_is_short_and_reaches_its_quick_start_first():
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= 120
+    assert lines.index("## Quick start (offline)") < 40 - 5  # its three commands within the first 40 lines
+
+
 def test_the_checker_finds_a_wrong_path_a_wrong_override_and_reads_shell_syntax():
     doc = REPO / "docs" / "planted.md"  # never written: its text is given
     text = "`configs/optim/adamw.yaml`, `configs/optim/adamz.yaml`, [x](training.md#no-such-heading)\n"
