@@ -31,19 +31,16 @@ OFFICIAL_R20 = SHARED / "official" / "ResNet20-AdderNet.pth"
 OFFICIAL_LOGITS = SHARED / "official" / "ResNet20-AdderNet.cifar10-test-sample.jsonl"
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
-# The base of every tiny training run: LeNet-5-BN on 28x28 FakeData, no loader workers, no progress bar. Each
-# test adds its sizes and options to it (the lists below and in the test modules name only what differs).
-FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
-TINY_RUN = [
-    "model=lenet5_bn",
-    "data=fake",
-    "data.image_size=28",
-    "data.num_workers=0",
-    "data.pin_memory=false",
-    "trainer.progress=false",
-]
-# 2 steps of 16 per epoch, a log line per step
+# What every small run of the tests sets: images read in the main process (no worker processes, no pinned memory)
+# and no progress bar.
+QUIET = ["data.num_workers=0", "data.pin_memory=false", "trainer.progress=false"]
+# The base of every tiny training run: LeNet-5-BN on 28x28 FakeData. Each test adds its sizes and options to it
+# (the lists below and in the test modules name only what differs; a later model=... replaces the LeNet).
+TINY_RUN = ["model=lenet5_bn", "data=fake", "data.image_size=28", *QUIET]
+# 2 steps of 16 per epoch, a log line per step: the cfg_train fixture's run
 FAKE = [*TINY_RUN, "data.train_size=32", "data.val_size=8", "data.batch_size=16", "trainer.log_every=1"]
+# a log line per step, for small runs on other data (folder_run, CIFAR files)
+FAST = [*QUIET, "trainer.log_every=1"]
 
 
 # Float tolerances (the derivation is in tests/README.md). float32 rounds each operation to a relative u = 2**-24;
@@ -94,11 +91,11 @@ TINY_LENET = [*TINY_RUN, "data.train_size=16", "data.val_size=8", "data.batch_si
 
 # a one-block ViT of width 8 on 16x16 FakeData, CPU
 TINY_VIT = [
+    *TINY_RUN,
     "model=vit",
     "model.width=8",
     "model.depth=1",
     "model.heads=2",
-    "data=fake",
     "data.image_size=16",
     "data.train_size=16",
     "data.val_size=8",

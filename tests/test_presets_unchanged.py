@@ -8,8 +8,8 @@ removing those keys must give exactly those values; those keys must be at their 
 tests/data/composed_configs.json holds the whole resolved config of every configs/experiment preset, every
 configs/data option (composed into train.yaml), train.yaml and test.yaml: what the presets and data options
 share (the blocks of configs/experiment/_blocks/ their defaults lists include, the schema classes of
-addernet/config/schema.py they extend) must compose to exactly those values. After an intended change to a config, regenerate it from the repository root
-with ``python tests/test_presets_unchanged.py --write`` and review the diff.
+addernet/config/schema.py they extend) must compose to exactly those values. After an intended change to a config,
+regenerate it from the repository root with ``python tests/test_presets_unchanged.py --write`` and review the diff.
 """
 
 import json
