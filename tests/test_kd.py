@@ -12,34 +12,7 @@ from addernet.engine import evaluate, model_from_config, train
 from addernet.errors import CheckpointError, ConfigError
 from addernet.tasks import build_task
 
-from helpers import FAKE, compose, f32_ce_bound, f32_sum_bound, run_train
-
-KD_RUN = [
-    *FAKE,
-    "data.train_size=24",
-    "data.val_size=10",
-    "data.batch_size=8",
-    "trainer.epochs=2",
-    "trainer.device=cpu",
-]
-
-
-def conv_teacher_file(tmp_path, num_classes=10, seed=5):
-    """A LeNet-5-BN CNN as a bare state_dict (its BN statistics made non-trivial) and the module itself."""
-    torch.manual_seed(seed)
-    cfg = compose(KD_RUN + ["model.layer=conv", f"data.num_classes={num_classes}"])
-    teacher = model_from_config(cfg)
-    for m in teacher.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.2, 0.2)
-            m.running_var.uniform_(0.5, 2.0)
-    path = tmp_path / "teacher.pt"
-    torch.save(teacher.state_dict(), path)
-    return path, teacher.eval()
-
-
-def kd_cfg(path, *extra):
-    return compose(KD_RUN + ["task=kd", f"task.teacher={path}", "task.teacher_layer=conv", *extra])
+from helpers import KD_RUN, compose, conv_teacher_file, f32_ce_bound, f32_sum_bound, kd_cfg, run_train
 
 
 def test_loss_equals_the_formula_computed_independently(tmp_path):
