@@ -14,7 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from . import distributed as dist
 from .config.entry import run_entry
-from .engine.eval_run import evaluate_checkpoint, report
+from .engine.evaluation import evaluate_checkpoint, report
 from .engine.outputs import setup_logging
 from .engine.sweep import record_failure, sweep_exit_code
 from .errors import AdderNetError

@@ -5,7 +5,7 @@
 
 Each setting is bits:groups:bn_recalib ("float" rows are added: as loaded, and with BatchNorm
 re-estimated). The activation ranges are computed once (they do not depend on bits or groups), then
-every setting quantises a fresh copy with quantize_model and evaluates with addernet.engine.evaluate
+every setting quantises a fresh copy with quantize_model and evaluates with addernet.engine.evaluation.evaluate
 on each --val folder (ImageFolder, CIFAR-10 transforms). Official ResNet-20 files or our checkpoints.
 """
 
@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 
 from addernet.data import build_loader
 from addernet.engine import evaluate
-from addernet.engine.eval_run import load_float_model
+from addernet.engine.evaluation import load_float_model
 from addernet.errors import reported
 from addernet.quant import calibration_loader, quantize_model
 from addernet.quant import convert as qconvert

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from addernet.engine import train
-from addernet.engine.eval_run import evaluate_checkpoint
+from addernet.engine.evaluation import evaluate_checkpoint
 from addernet.models import model_label
 
 from helpers import TINY_LENET, child_env, compose, run_train

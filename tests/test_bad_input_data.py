@@ -11,8 +11,8 @@ import pytest
 
 from addernet.checkpoint import load_checkpoint
 from addernet.data import DataError, build_dataset, build_loader, iter_from, num_workers
-from addernet.engine import ConfigError, check_config, eval_run, train
-from addernet.engine.eval_run import evaluate_checkpoint
+from addernet.engine import ConfigError, check_config, evaluation, train
+from addernet.engine.evaluation import evaluate_checkpoint
 
 from helpers import (
     CIFAR10_CLASSES,
@@ -66,7 +66,7 @@ def test_checkpoint_stores_class_names_and_test_py_checks_them(tmp_path, jpeg_ci
 
 @needs_shared("official/ResNet20-AdderNet.pth", "cifar10-test-sample")
 def test_official_resnet20_refuses_a_renamed_cifar10_folder(tmp_path, monkeypatch):
-    monkeypatch.setattr(eval_run, "evaluate", lambda *a, **k: pytest.fail("evaluated despite the wrong classes"))
+    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: pytest.fail("evaluated despite the wrong classes"))
     renamed = _renamed(CIFAR_SAMPLE, tmp_path / "sample")
     cfg, args = _eval_cfg(OFFICIAL_R20, "model=resnet20", "data=cifar10_folder", f"data.val_dir={renamed}")
     with pytest.raises(

@@ -18,8 +18,8 @@ from PIL import Image
 from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from addernet.data import DataError, build_dataset, build_loader
 from addernet.data.datasets import load_rgb
-from addernet.engine import check_config, eval_run, rundir, train
-from addernet.engine.eval_run import evaluate_checkpoint
+from addernet.engine import check_config, evaluation, rundir, train
+from addernet.engine.evaluation import evaluate_checkpoint
 from addernet.errors import ConfigError
 from addernet.models import build_model
 
@@ -160,7 +160,7 @@ def _eval_cfg(checkpoint, *overrides):
 
 def test_results_file_never_replaces_a_checkpoint_or_a_run_file(finished_tiny_run, tmp_path):
     from addernet.engine import ConfigError
-    from addernet.engine.eval_run import check_results_file, report
+    from addernet.engine.evaluation import check_results_file, report
 
     best, last = finished_tiny_run / "checkpoints" / "best.pt", finished_tiny_run / "checkpoints" / "last.pt"
     kept = last.read_bytes()
@@ -177,7 +177,7 @@ def test_results_file_never_replaces_a_checkpoint_or_a_run_file(finished_tiny_ru
 
 def test_scripts_refuse_an_adder_checkpoint_as_its_cnn_twin(finished_tiny_run):
     from addernet.engine import ConfigError
-    from addernet.engine.eval_run import load_float_model
+    from addernet.engine.evaluation import load_float_model
 
     best = finished_tiny_run / "checkpoints" / "best.pt"
     for entry in ("export_onnx", "quantize"):
@@ -192,7 +192,7 @@ def test_scripts_refuse_an_adder_checkpoint_as_its_cnn_twin(finished_tiny_run):
 
 def test_an_override_the_evaluated_dataset_ignores_is_refused(finished_tiny_run):
     from addernet.engine import ConfigError
-    from addernet.engine.eval_run import evaluate_checkpoint
+    from addernet.engine.evaluation import evaluate_checkpoint
 
     args = _eval_args(finished_tiny_run / "checkpoints" / "best.pt", "data=fake", "+data.val_dir=/somewhere/else")
     with pytest.raises(ConfigError, match=r"unknown key data.val_dir .*data=fake has no such setting"):
@@ -297,7 +297,7 @@ def test_a_bare_state_dict_is_not_evaluated_as_the_other_twin(finished_tiny_run,
     """No stored config: the BatchNorm running means after the body layers tell adder (all negative) from conv."""
     from addernet.checkpoint import load_checkpoint, save_checkpoint
     from addernet.engine import ConfigError
-    from addernet.engine.eval_run import evaluate_checkpoint
+    from addernet.engine.evaluation import evaluate_checkpoint
 
     bare = tmp_path / "bare.pt"
     save_checkpoint(load_checkpoint(finished_tiny_run / "checkpoints" / "best.pt")["model"], bare)
@@ -339,7 +339,7 @@ def test_train_py_help_lists_only_the_groups_train_py_accepts():
 
 
 def test_test_py_refuses_an_adder_checkpoint_as_conv(tmp_path, monkeypatch):
-    monkeypatch.setattr(eval_run, "evaluate", lambda *a, **k: pytest.fail("evaluated the wrong model"))
+    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: pytest.fail("evaluated the wrong model"))
     path = tmp_path / "adder.pt"
     save_checkpoint(
         {
@@ -358,7 +358,7 @@ def test_test_py_refuses_an_adder_checkpoint_as_conv(tmp_path, monkeypatch):
 def test_converted_official_checkpoint_as_conv_is_refused(converted_r20, monkeypatch):
     """An official AdderNet checkpoint, converted, then evaluated as its CNN twin (test.py ... model.layer=conv)."""
     assert load_checkpoint(converted_r20)["classes"] == CIFAR10_CLASSES
-    monkeypatch.setattr(eval_run, "evaluate", lambda *a, **k: pytest.fail("evaluated the wrong model"))
+    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: pytest.fail("evaluated the wrong model"))
     cfg, args = _eval_cfg(converted_r20, "model.layer=conv")
     with pytest.raises(
         ConfigError,
@@ -382,7 +382,7 @@ def test_read_only_run_dir_is_one_message(tmp_path, monkeypatch):
 
 
 def test_unwritable_results_file_fails_before_evaluating(tmp_path, monkeypatch):
-    monkeypatch.setattr(eval_run, "evaluate", lambda *a, **k: pytest.fail("evaluated before checking results_file"))
+    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: pytest.fail("evaluated before checking results_file"))
     path = tmp_path / "ckpt.pt"
     save_checkpoint(
         {

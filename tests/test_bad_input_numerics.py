@@ -14,7 +14,7 @@ from torchvision import datasets, transforms
 from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from addernet.checkpoint.official import load_official
 from addernet.engine import ConfigError, NonFiniteLoss, check_config, evaluate, train
-from addernet.engine.eval_run import evaluate_checkpoint, report
+from addernet.engine.evaluation import evaluate_checkpoint, report
 from addernet.engine.outputs import json_line
 from addernet.forward import logits_and_loss
 from addernet.models import build_model

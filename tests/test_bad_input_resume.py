@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from addernet.engine import ConfigError, fit, rundir, train
-from addernet.engine.eval_run import evaluate_checkpoint
+from addernet.engine.evaluation import evaluate_checkpoint
 
 from helpers import FAKE, compose, metrics_without_timing, preempt_at, run_train, start_train, wait_for_log
 

@@ -11,7 +11,7 @@ from torch.utils.data import DistributedSampler, Subset, TensorDataset
 
 from addernet.data import DataError, DeviceLoader, build_dataset, build_loader, epoch_seed, iter_from, seed_epoch
 from addernet.engine import train
-from addernet.engine.eval_run import evaluate_checkpoint
+from addernet.engine.evaluation import evaluate_checkpoint
 
 from helpers import (
     assert_exact_resume,

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from addernet.checkpoint import read_checkpoint, save_checkpoint
 from addernet.data import build_dataset
-from addernet.engine.eval_run import effective_config, evaluate_checkpoint
+from addernet.engine.evaluation import effective_config, evaluate_checkpoint
 from addernet.models import build_model
 from addernet.test import main as evaluate_main
 
@@ -58,7 +58,7 @@ def our_checkpoint(tmp_path_factory):
 
 
 def _expected(model, data_cfg):
-    """top-1/top-5/loss/n computed here, independently of addernet.engine.evaluate."""
+    """top-1/top-5/loss/n computed here, independently of addernet.engine.evaluation.evaluate."""
     ds = build_dataset(data_cfg, "val")
     x = torch.stack([ds[i][0] for i in range(len(ds))])
     y = torch.tensor([ds[i][1] for i in range(len(ds))])

@@ -17,7 +17,7 @@ from addernet.engine import model_from_config, train
 from addernet.errors import CheckpointError, ConfigError
 from addernet.optim import build_optimizer
 from addernet.tasks import build_task
-from addernet.tasks.kernels import conv_sq_distance, gaussian_kernel, laplacian_kernel
+from addernet.tasks.kernel_maps import conv_sq_distance, gaussian_kernel, laplacian_kernel
 
 from helpers import (
     FAKE,

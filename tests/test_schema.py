@@ -14,7 +14,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from addernet.config.validate import check_schema, one_line
-from addernet.engine.eval_run import effective_config, stored_model
+from addernet.engine.evaluation import effective_config, stored_model
 from addernet.errors import ConfigError
 
 from helpers import FAKE as FAKE_RUN

@@ -1,4 +1,10 @@
-"""The configuration: its schema (Hydra structured configs), where the YAML files are, and one-line errors."""
+"""The configuration: its schema (Hydra structured configs), where the YAML files are, and one-line errors.
+
+schema.py    every group's keys, types, defaults and meanings as Hydra structured configs
+validate.py  the composed config against the schema; one-line messages of OmegaConf's errors
+entry.py     the one handler of every entry point: one-line errors, exit codes
+docs.py      writes docs/configuration.md from the schema and the YAML options
+"""
 
 import os
 

@@ -21,7 +21,7 @@ from ..data import take_skipped
 from ..errors import ConfigError, NonFiniteLoss
 from ..ops import use_backend
 from .config import check_config, device_type
-from .evaluate import evaluate
+from .evaluation import evaluate
 from .loop import LoopSettings, non_finite_state, train_epoch
 from .meters import MetricSums
 from .outputs import extra_keys, setup_logging

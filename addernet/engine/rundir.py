@@ -1,5 +1,6 @@
-"""Guards of the run directory: one run at a time, no stale temporaries, every failure in train.log, a failed
-launch leaves an existing run dir as it was, and the run dir alone is enough to resume it.
+"""Guards of what a run writes: one run at a time in a run dir, no stale temporaries, every failure in train.log,
+a failed launch leaves an existing run dir as it was, the run dir alone is enough to resume it, and an output
+file given on the command line (results_file=, out=) never replaces an input or a file of another kind.
 
 The lock is a kernel file lock (``fcntl.flock``) on ``<run dir>/.lock``, held by rank 0 for the life
 of the run: the kernel drops it when the process exits in any way (kill -9 included), so a crashed
@@ -185,3 +186,38 @@ def keep_run_dir_on_failure(argv):
             if (stat.st_ino, stat.st_mtime_ns, stat.st_size) == saved[0]:
                 _restore_hydra(run_dir, saved[1])
         raise
+
+
+def _looks_like_results(path):
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    lines = head.decode("utf-8", errors="replace").strip().splitlines()
+    return len(lines) == 1 and lines[0].startswith("{") and lines[0].endswith("}") and '"top1"' in lines[0]
+
+
+def check_output_path(path, key, inputs=(), overwrite=False, results=False):
+    """ConfigError when writing ``path`` (the ``key=`` setting) would replace an input file or a file of
+    another kind. ``results``: it may replace an earlier one-line JSON results file; otherwise an existing
+    file needs ``overwrite`` (and never one of ``inputs``)."""
+    if not path:
+        return
+    target = os.path.realpath(str(path))
+    for given in inputs:
+        if given and os.path.exists(str(given)) and os.path.realpath(str(given)) == target:
+            raise ConfigError(
+                f"{key}={path} is the input checkpoint itself; writing it would destroy it. Give another path."
+            )
+    if not os.path.isfile(target) or os.path.getsize(target) == 0:
+        return
+    if results and _looks_like_results(target):
+        return
+    if results:
+        raise ConfigError(
+            f"{key}={path} exists and is not a results file (one JSON line); writing it would "
+            f"replace it. Give another path, or delete the file first."
+        )
+    if not overwrite:
+        raise ConfigError(
+            f"{key}={path} exists; it is not replaced unless you pass overwrite=true (it may be a "
+            f"training checkpoint). Give another path, or add overwrite=true."
+        )

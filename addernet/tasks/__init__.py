@@ -3,6 +3,13 @@
 ``build_task(model, cfg)`` picks the class named by ``cfg.task.name``: a name of TASKS (a class decorated
 with ``@register_task(name)``), or a dotted path ``package.module.ClassName`` to any TrainingTask subclass
 (a method kept outside the package).
+
+base.py            TrainingTask (an nn.Module), Student (what a task knows of the model and data), register_task
+classification.py  task=classification: cross-entropy on the labels
+kd.py              task=kd: logit distillation from a frozen teacher
+pkkd.py            task=pkkd: kernel-based progressive distillation with a co-trained CNN twin
+kernel_maps.py     PKKD's kernel maps of a layer's (input patch, filter) pairs, from the layer output
+teacher.py         a teacher loaded from any checkpoint test.py reads, checked against the student's data
 """
 
 import importlib

@@ -13,7 +13,7 @@ with every teacher tensor detached in L_student and every student tensor detache
 backward of L_student + L_teacher gives each network exactly its own gradients (the same as two
 optimizers with the same recipe). rho_m is a 1x1 conv (identity init, no bias) on the student side that
 exists only here (checkpointed under ``task``, never in the student's state_dict). The kernel widths
-come from detached running means of the distances (addernet/tasks/kernels.py), all-reduced under
+come from detached running means of the distances (addernet/tasks/kernel_maps.py), all-reduced under
 torchrun so every rank uses the same widths. The adaptive LR is attached to the student model only,
 so it never touches rho or the teacher. Which choices are ours and not the paper's: docs/distillation.md.
 """
@@ -33,7 +33,7 @@ from ..models import model_from_config
 from ..ops import ADDER_MODULES, Adder2d
 from .base import TrainingTask, register_task
 from .kd import batch_top1, check_teacher_path, check_temperature, kd_term
-from .kernels import conv_sq_distance, full, gaussian_kernel, laplacian_kernel
+from .kernel_maps import conv_sq_distance, full, gaussian_kernel, laplacian_kernel
 from .teacher import check_teacher_fits, load_teacher
 
 log = logging.getLogger("addernet.train")

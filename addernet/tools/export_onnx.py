@@ -14,8 +14,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from ..config.entry import run_entry
-from ..engine.eval_run import load_float_model
-from ..engine.output_path import check_output_path
+from ..engine.evaluation import load_float_model
+from ..engine.rundir import check_output_path
 from ..errors import reported
 from ..quant import quantize_for_eval
 from ..quant.onnx import export_onnx

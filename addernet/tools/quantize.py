@@ -16,8 +16,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from ..config.entry import run_entry
 from ..engine import ConfigError
-from ..engine.eval_run import load_float_model
-from ..engine.output_path import check_output_path
+from ..engine.evaluation import load_float_model
+from ..engine.rundir import check_output_path
 from ..errors import reported
 from ..quant import quantize_for_eval, save_quantized
 

@@ -1,4 +1,5 @@
-"""Evaluation of a checkpoint, as ``test.py`` runs it: config merge, loading, evaluation, the report.
+"""Evaluation: ``evaluate`` over a (sharded) loader with the same forward as training (addernet.forward),
+and a checkpoint's evaluation as ``test.py`` runs it: config merge, loading, evaluation, the report.
 
 Our checkpoints store their training config: the model and data are rebuilt from it and only what
 the command line overrides changes (a ``data=``/``model=`` choice replaces that group; ``data.x=...``
@@ -8,6 +9,7 @@ data come from the command line and configs/test.yaml.
 
 import os
 import sys
+import time
 
 import torch
 import torch.nn as nn
@@ -24,20 +26,54 @@ from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, open_checkpoin
 from ..checkpoint.official import load_official
 from ..config import config_dir
 from ..config.validate import check_schema, one_line
-from ..data import build_loader, check_classes, take_skipped
+from ..data import build_loader, check_classes, iter_from, take_skipped
 from ..errors import ConfigError
+from ..forward import logits_and_loss, to_device
 from ..models import model_from_config, model_label
 from ..ops import Adder2d
 from ..quant import inference_model, is_quantized_state, prepare_quantized, quantize_for_eval
 from .config import check_eval_config, check_stored_model, device_type
 from .ema import ema_weights
-from .evaluate import evaluate
-from .output_path import check_output_path
+from .meters import MetricSums
 from .outputs import json_line
+from .rundir import check_output_path
 
 STORED_GROUPS = ("model", "data")  # taken from our checkpoint's config unless overridden
 OFFICIAL_CHOICES = {"model": "resnet20", "data": "cifar10"}  # a checkpoint without a stored config
 RESULT_KEYS = ("top1", "top5", "loss", "n", "images_per_s")
+
+
+@torch.no_grad()
+def evaluate(model, loader, device, amp="off", channels_last=False):
+    """Evaluate ``model`` on ``loader``; returns {"top1", "top5", "loss", "n", "images_per_s"}.
+
+    Accuracies are in percent, loss is the mean cross-entropy. Under torchrun every rank passes its
+    own shard (e.g. build_loader(..., "val", rank=, world_size=), which gives rank r the samples
+    r, r+world, ... without padding); the sums are all-reduced, so ``n`` counts each sample exactly
+    once and every rank gets the same numbers. Pass the bare model or a DDP wrapper (it is unwrapped,
+    so ranks with different numbers of batches never wait on each other). images_per_s is the
+    global throughput (all ranks' samples / the slowest rank's wall time).
+    """
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        model = model.module
+    was_training = model.training
+    model.eval()
+    sums = MetricSums(device)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    start = time.perf_counter()
+    for images, target in iter_from(loader):
+        images, target = to_device(images, target, device, memory_format)
+        logits, loss_sum = logits_and_loss(model, images, target, amp, reduction="sum")
+        sums.update(loss_sum, logits, target)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
+    if dist.is_distributed():
+        torch.distributed.all_reduce(seconds, op=torch.distributed.ReduceOp.MAX)
+    model.train(was_training)
+    out = sums.all_reduce().compute()
+    out["images_per_s"] = out["n"] / max(seconds.item(), 1e-9)
+    return out
 
 
 def reroot(node, stored, overridden):
