@@ -546,8 +546,9 @@ def small_adder_net():
     return SmallAdderNet().double()
 
 
-def small_batches(n, steps, seed):
-    """``steps`` batches of ``n`` float64 3x8x8 images with labels in 0..4, for SmallAdderNet."""
+def small_batches(n, steps=2, seed=3):
+    """``steps`` batches of ``n`` float64 3x8x8 images with labels in 0..4, for SmallAdderNet (the defaults: the
+    step tests' batches, also ddp_options_worker.py's)."""
     g = torch.Generator().manual_seed(seed)
     return [
         (torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g))

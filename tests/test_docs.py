@@ -2,10 +2,11 @@
 
 README.md, docs/*.md and tests/README.md are read as text: every repository path they name (``configs/...``,
 ``addernet/...``, ``scripts/...``, ``tests/...``, ``docs/...``, a ``tests/x.py::name`` test, a relative link and its
-``#anchor``) must exist, and every ``train.py`` / ``test.py`` / ``scripts/quantize.py`` /
-``scripts/export_onnx.py`` command, in a fenced shell block or an inline ``python ...`` span, must compose with its
-overrides through Hydra's compose API (nothing runs and nothing on disk is read, so a ``<folder>`` placeholder or a
-``../shared`` path is fine).
+``#anchor``) must exist, and every command of an entry point (``train.py``, ``test.py``, ``scripts/quantize.py``,
+``scripts/export_onnx.py``, ``scripts/dist_train.sh``, ``scripts/reproduce.sh``), in a fenced shell block or an
+inline code span, must compose with its overrides through Hydra's compose API (nothing runs and nothing on disk is
+read, so a ``<folder>`` placeholder or a ``../shared`` path is fine). docs/README.md lists every page; the README
+stays short.
 """
 
 import importlib.util
@@ -73,8 +74,8 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 def shell_commands(text):
     """(line number, shell line) of each command of a Markdown text: the lines of its fenced shell blocks (see
-    shell_lines) and each inline code span that is a command (``python ...`` or ``torchrun ...``, perhaps after
-    ``VAR=value``)."""
+    shell_lines) and each inline code span that is a command (``python ...``, ``torchrun ...`` or
+    ``scripts/<name>.sh ...``, perhaps after ``VAR=value``)."""
     found, prose, block = [], [], None
     for number, line in enumerate(text.splitlines(), 1):
         fence = re.match(r"\s*```\s*(\w*)", line)

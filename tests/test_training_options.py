@@ -155,7 +155,7 @@ def _assert_same_weights(a, b, rtol=1e-6):
 
 @pytest.mark.parametrize("accumulate", [1, 3])
 def test_accumulated_micro_batches_give_the_whole_batch_update(accumulate):
-    batches = small_batches(7, 2, seed=3)  # 7 samples in 3 micro-batches: 3 + 2 + 2 (uneven shares are weighted)
+    batches = small_batches(7)  # 7 samples in 3 micro-batches: 3 + 2 + 2 (uneven shares are weighted)
     model, sums = _engine_steps(batches, accumulate=accumulate)
     _assert_same_weights(model, _reference_steps(batches))
     assert sums["n"] == 14
@@ -163,7 +163,7 @@ def test_accumulated_micro_batches_give_the_whole_batch_update(accumulate):
 
 @pytest.mark.parametrize("scaler_enabled", [False, True])
 def test_clip_grad_norm_clips_the_unscaled_non_adder_gradients(scaler_enabled):
-    batches = small_batches(6, 2, seed=3)
+    batches = small_batches(6)
     clipped = _reference_steps(batches, clip=0.05)
     plain = _reference_steps(batches)
     assert not torch.allclose(clipped.fc.weight, plain.fc.weight)  # the bound is active on this data
@@ -176,7 +176,7 @@ def test_clip_grad_norm_clips_the_unscaled_non_adder_gradients(scaler_enabled):
 def test_ddp_accumulation_all_reduces_once_per_step_and_equals_the_whole_batch(tmp_path):
     proc = torchrun([TESTS / "ddp_options_worker.py", tmp_path, 2], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    reference = _reference_steps(small_batches(8, 2, seed=3))
+    reference = _reference_steps(small_batches(8))
     for rank in range(2):
         result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert result["allreduces"] == 2  # 2 steps x 2 micro-batches: only each step's last one all-reduces
