@@ -12,8 +12,8 @@ from helpers import FAKE, OFFICIAL_R20, compose, run_train, write_jpeg_folder
 
 # Tests that share an expensive module or session fixture (built once per worker process), by node id prefix:
 # with -n N each group runs on one worker, which builds the fixture once; every other test goes to whichever
-# worker is free, as in xdist's default load mode. (xdist's own --dist loadgroup ignores its xdist_group marks
-# under pytest 9, which changed how a node id is stored.)
+# worker is free, as in xdist's default load mode. (Under pytest 9, xdist's own --dist loadgroup ignores its
+# xdist_group marks.)
 SAME_WORKER = {
     "tests/test_quant_official.py::": "quantised official ResNet-20",
     "tests/test_eval_official.py::": "official ResNet-20 evaluated and converted",
@@ -32,8 +32,8 @@ SAME_WORKER = {
 def pytest_configure(config):
     """With -n N, each worker process computes on its share of the cores (torch's threads // N, at least one). Two
     workers that each run an OpenMP team as wide as the machine keep taking each other's cores: OpenMP's threads
-    spin while they wait, and a training loop of small ops became ten times slower (52 s instead of 4 s for a
-    learning test beside another). The processes a test starts inherit the same count (OMP_NUM_THREADS), so a run
+    spin while they wait, and a training loop of small ops runs ten times slower (a learning test beside another
+    took 52 s instead of 4 s). The processes a test starts inherit the same count (OMP_NUM_THREADS), so a run
     in this process and one in a child compute alike: a float32 sum split across another number of threads rounds
     differently."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))

@@ -18,22 +18,14 @@ from addernet.engine.meters import MetricSums
 from addernet.engine.step import Stepper
 from addernet.tasks import ClassificationTask
 
-from ddp_adaptive_lr_worker import build_model
-
-
-def batches(n=8, steps=2):
-    g = torch.Generator().manual_seed(3)
-    return [
-        (torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g))
-        for _ in range(steps)
-    ]
+from helpers import small_adder_net, small_batches
 
 
 def main(out_dir, accumulate):
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build_model()
+    model = small_adder_net()
     task = ClassificationTask(model, OmegaConf.create({"name": "classification", "label_smoothing": 0.0}))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     adaptive = AdaptiveLR(model, 0.2).attach(opt)
@@ -50,7 +42,7 @@ def main(out_dir, accumulate):
     task.train()
     sums, watch = MetricSums(), LossWatch("cpu")
     per = 8 // world
-    for step, (x, y) in enumerate(batches(), 1):
+    for step, (x, y) in enumerate(small_batches(8), 1):
         stepper(x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per], sums, watch, step)
     torch.save({"state": model.state_dict(), "allreduces": len(calls)}, f"{out_dir}/rank{rank}.pt")
     dist.destroy_process_group()

@@ -32,19 +32,16 @@ OFFICIAL_R20 = SHARED / "official" / "ResNet20-AdderNet.pth"
 OFFICIAL_LOGITS = SHARED / "official" / "ResNet20-AdderNet.cifar10-test-sample.jsonl"
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
-# The base of every tiny training run: LeNet-5-BN on 28x28 FakeData, no loader workers, no progress bar. Each
-# test adds its sizes and options to it (the lists below and in the test modules name only what differs).
-FAST = ["trainer.progress=false", "data.num_workers=0", "data.pin_memory=false", "trainer.log_every=1"]
-TINY_RUN = [
-    "model=lenet5_bn",
-    "data=fake",
-    "data.image_size=28",
-    "data.num_workers=0",
-    "data.pin_memory=false",
-    "trainer.progress=false",
-]
-# 2 steps of 16 per epoch, a log line per step
+# What every small run of the tests sets: images read in the main process (no worker processes, no pinned memory)
+# and no progress bar.
+QUIET = ["data.num_workers=0", "data.pin_memory=false", "trainer.progress=false"]
+# The base of every tiny training run: LeNet-5-BN on 28x28 FakeData. Each test adds its sizes and options to it
+# (the lists below and in the test modules name only what differs; a later model=... replaces the LeNet).
+TINY_RUN = ["model=lenet5_bn", "data=fake", "data.image_size=28", *QUIET]
+# 2 steps of 16 per epoch, a log line per step: the cfg_train fixture's run
 FAKE = [*TINY_RUN, "data.train_size=32", "data.val_size=8", "data.batch_size=16", "trainer.log_every=1"]
+# a log line per step, for small runs on other data (folder_run, CIFAR files)
+FAST = [*QUIET, "trainer.log_every=1"]
 
 
 # Float tolerances (the derivation is in tests/README.md). float32 rounds each operation to a relative u = 2**-24;
@@ -95,11 +92,11 @@ TINY_LENET = [*TINY_RUN, "data.train_size=16", "data.val_size=8", "data.batch_si
 
 # a one-block ViT of width 8 on 16x16 FakeData, CPU
 TINY_VIT = [
+    *TINY_RUN,
     "model=vit",
     "model.width=8",
     "model.depth=1",
     "model.heads=2",
-    "data=fake",
     "data.image_size=16",
     "data.train_size=16",
     "data.val_size=8",
@@ -458,6 +455,9 @@ def assert_exact_resume(args, at, root, kill_at=None, parts=("model",)):
 
 # ---------------------------------------------------------------- test-only training tasks (task.name=helpers.X)
 import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 
 from addernet.tasks import ClassificationTask  # noqa: E402
 
@@ -517,3 +517,189 @@ class SlowStepTask(ClassificationTask):
         if SlowStepTask.steps == cfg.get("stall_step") and rank == cfg.get("stall_rank"):
             time.sleep(float(cfg.get("stall_seconds", 0.0)))
         return super().forward(images, target)
+
+
+# ---------------------------------------------------------------- task=kd: a frozen CNN teacher on the tiny run
+
+# the tiny run in 3 steps of 8 an epoch, 10 validation images, 2 epochs, on the CPU
+KD_RUN = [
+    *FAKE,
+    "data.train_size=24",
+    "data.val_size=10",
+    "data.batch_size=8",
+    "trainer.epochs=2",
+    "trainer.device=cpu",
+]
+
+
+def conv_teacher_file(tmp_path, num_classes=10, seed=5):
+    """A LeNet-5-BN CNN as a bare state_dict (its BN statistics made non-trivial) and the module itself."""
+    from addernet.models import model_from_config
+
+    torch.manual_seed(seed)
+    teacher = model_from_config(compose(KD_RUN + ["model.layer=conv", f"data.num_classes={num_classes}"]))
+    for m in teacher.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.2, 0.2)
+            m.running_var.uniform_(0.5, 2.0)
+    path = tmp_path / "teacher.pt"
+    torch.save(teacher.state_dict(), path)
+    return path, teacher.eval()
+
+
+def kd_cfg(path, *extra):
+    """KD_RUN with task=kd and the CNN teacher state_dict at ``path``."""
+    return compose(KD_RUN + ["task=kd", f"task.teacher={path}", "task.teacher_layer=conv", *extra])
+
+
+# ---------------------------------------------------------------- a small float64 adder net (DDP and step tests)
+
+
+class SmallAdderNet(nn.Module):
+    """Conv stem, one adder layer used twice (shared weight), a strided adder layer, linear head over 5 classes.
+    GroupNorm (per sample) instead of BatchNorm, so the split of a batch cannot change the maths."""
+
+    def __init__(self):
+        from addernet import Adder2d
+
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.shared = Adder2d(4, 4, 3, padding=1)
+        self.down = Adder2d(4, 6, 3, stride=2, padding=1)
+        self.norms = nn.ModuleList(nn.GroupNorm(1, c) for c in (4, 4, 6))
+        self.fc = nn.Linear(6, 5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = self.norms[0](self.shared(x))
+        x = self.norms[1](self.shared(x))
+        x = F.relu(self.norms[2](self.down(x)))
+        return self.fc(x.mean((2, 3)))
+
+
+def small_adder_net():
+    """SmallAdderNet in float64, its weights drawn from seed 0 (the same in every process)."""
+    torch.manual_seed(0)
+    return SmallAdderNet().double()
+
+
+def small_batches(n, steps=2, seed=3):
+    """``steps`` batches of ``n`` float64 3x8x8 images with labels in 0..4, for SmallAdderNet (the defaults: the
+    step tests' batches, also ddp_options_worker.py's)."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g))
+        for _ in range(steps)
+    ]
+
+
+def adaptive_lr_batches():
+    """3 batches of 8 (seed 1): what ddp_adaptive_lr_worker.py trains on, each split over the ranks."""
+    return small_batches(8, 3, seed=1)
+
+
+def sgd_with_adaptive_lr(model, batches, eta=0.2):
+    """A plain loop: zero_grad, mean cross-entropy, backward, step, with AdaptiveLR hooked into the step; returns
+    the AdaptiveLR."""
+    from addernet import AdaptiveLR
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    adaptive = AdaptiveLR(model, eta).attach(opt)
+    for x, y in batches:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    return adaptive
+
+
+# ---------------------------------------------------------------- quantisation: references and a quantised ResNet-20
+
+
+def quant_cfg(**values):
+    """The quant group as test.py composes it (a plain config), with ``values`` in place of its defaults."""
+    return OmegaConf.merge(OmegaConf.create(OmegaConf.to_container(compose(config_name="test").quant)), values)
+
+
+def int_reference(x, w, stride, padding, dilation, groups):
+    """sum |x - w| in int64 from unfold: the plain integer reference of the kernel."""
+    n, o = x.shape[0], w.shape[0]
+    cols = F.unfold(x.double(), w.shape[-2:], dilation=dilation, padding=padding, stride=stride).to(torch.int64)
+    cols = cols.view(n, groups, -1, cols.shape[-1])
+    wk = w.to(torch.int64).reshape(groups, o // groups, -1)
+    y = (cols.unsqueeze(2) - wk[None, :, :, :, None]).abs().sum(3)
+    ho = (x.shape[2] + 2 * padding[0] - dilation[0] * (w.shape[2] - 1) - 1) // stride[0] + 1
+    wo = (x.shape[3] + 2 * padding[1] - dilation[1] * (w.shape[3] - 1) - 1) // stride[1] + 1
+    return y.reshape(n, o, ho, wo)
+
+
+def random_images(n, seed):
+    """``n`` standard-normal 3x32x32 images from ``seed``."""
+    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+
+
+@functools.cache  # built once per bit width and process, for tests that only read it
+@torch.no_grad()
+def quantised_resnet20(bits, groups=4):
+    """A ResNet-20 with BatchNorm statistics from its own activations, filters spread over a wide range of
+    max|w| (so groups get different scales), quantised on 16 images (one calibration batch)."""
+    from addernet.models import build_model
+    from addernet.ops import Adder2d
+    from addernet.quant import quantize_model
+
+    torch.manual_seed(0)
+    model = build_model("resnet20")
+    for m in model.modules():
+        if isinstance(m, Adder2d):
+            m.weight.mul_(torch.linspace(0.01, 1.0, m.out_channels).view(-1, 1, 1, 1))
+        elif isinstance(m, torch.nn.BatchNorm2d):
+            m.momentum = None
+    model.train()
+    model(random_images(32, 0))
+    model.eval()
+    images = torch.utils.data.TensorDataset(random_images(16, 1), torch.zeros(16))
+    return quantize_model(
+        model, torch.utils.data.DataLoader(images, batch_size=16), quant_cfg(bits=bits, groups=groups)
+    )
+
+
+def _bn64(bn, y):
+    k = bn.weight.double() / (bn.running_var.double() + bn.eps).sqrt()
+    return y * k.view(1, -1, 1, 1) + (bn.bias.double() - bn.running_mean.double() * k).view(1, -1, 1, 1)
+
+
+def _qlayer64(q, x):
+    """-(s_o/(2^b-1)) sum|q_a - 2 q_w| + beta per filter, q_a = clip(round(x (2^b-1)/s_o)), in float64."""
+    from addernet.quant.quantizer import levels
+
+    lv, s = levels(int(q.bits)), q.scale[q.group].double()
+    ho = (x.shape[2] + 2 * q.padding[0] - q.kernel_size[0]) // q.stride[0] + 1
+    y = torch.empty(x.shape[0], ho * ho, q.out_channels, dtype=torch.float64)
+    for scale in set(s.tolist()):
+        members = (s == scale).nonzero().flatten()
+        a = (x * (lv / scale)).round().clamp(0, lv)
+        cols = F.unfold(a, q.kernel_size, padding=q.padding, stride=q.stride).transpose(1, 2)
+        w = 2 * q.qweight[members].double().flatten(1)
+        y[:, :, members] = -(scale / lv) * torch.cdist(cols, w.expand(x.shape[0], -1, -1), p=1)
+    return (y + q.bias_term.double()).transpose(1, 2).reshape(x.shape[0], q.out_channels, ho, -1)
+
+
+def _f32(t):
+    return t.float().double()
+
+
+@torch.no_grad()
+def quantised_reference(model, x):
+    """The quantised ResNet ``model`` in float64, with float32 where the integer network keeps a float copy (the
+    stem convolution's output, the residual operands, the tail)."""
+    h = F.relu(_bn64(model.bn1, model.conv1(x).double()))
+    for stage in (model.layer1, model.layer2, model.layer3):
+        for b in stage:
+            ident = _f32(h) if b.downsample is None else _f32(_bn64(b.downsample[1], _qlayer64(b.downsample[0], h)))
+            mid = F.relu(_bn64(b.bn1, _qlayer64(b.conv1, h)))
+            h = F.relu(_bn64(b.bn2, _qlayer64(b.conv2, mid)) + ident)
+    return _bn64(model.bn2, F.conv2d(F.avg_pool2d(_f32(h), 8), model.fc.weight.double())).flatten(1)
+
+
+def max_rel_error(a, b):
+    """The largest error of ``a`` against ``b`` over a batch, relative to each row's largest |b|."""
+    return ((a.double() - b.double()).abs().max(1).values / b.double().abs().max(1).values).max().item()

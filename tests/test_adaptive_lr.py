@@ -5,7 +5,6 @@ explicit loops over output positions, not by the implementation under test.
 """
 
 import copy
-import importlib
 import math
 
 import pytest
@@ -15,7 +14,7 @@ import torch.nn.functional as F
 
 from addernet import AdaptiveLR, Adder2d
 
-from helpers import TESTS, f32_sum_bound, torchrun
+from helpers import TESTS, adaptive_lr_batches, f32_sum_bound, sgd_with_adaptive_lr, small_adder_net, torchrun
 
 ETA = 0.2
 WORKER = TESTS / "ddp_adaptive_lr_worker.py"
@@ -141,13 +140,12 @@ def test_accumulating_micro_batches_equals_one_big_batch():
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
-    worker = importlib.import_module(WORKER.stem)
     proc = torchrun([WORKER, tmp_path], timeout=240)
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
-    single = worker.build_model()
+    single = small_adder_net()
     init = copy.deepcopy(single.state_dict())
-    reference = worker.train(single, worker.make_batches())
+    reference = sgd_with_adaptive_lr(single, adaptive_lr_batches())
     assert reference.names == ["shared", "down"]
     for rank in range(2):
         result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
@@ -160,8 +158,8 @@ def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
                 assert (value - init[name]).abs().max() > 1e-3  # the steps did move the weights
 
     # Normalising each replica's half before the reduction (the official code under DDP) differs.
-    model = worker.build_model()
-    x, y = worker.make_batches()[0]
+    model = small_adder_net()
+    x, y = adaptive_lr_batches()[0]
     halves = []
     for sl in (slice(0, 4), slice(4, 8)):
         model.zero_grad()

@@ -12,19 +12,10 @@ from addernet.engine import train
 from addernet.engine.evaluation import evaluate_checkpoint
 from addernet.models import model_label
 
-from helpers import child_env, compose, run_train
+from helpers import TINY_LENET, child_env, compose, run_train
 
 pytestmark = pytest.mark.slow  # training runs of a full-size torchvision ResNet-18, and torchrun
 
-FAST = [
-    "data=fake",
-    "data.train_size=16",
-    "data.val_size=8",
-    "data.batch_size=8",
-    "trainer.progress=false",
-    "trainer.device=cpu",
-    "trainer.log_every=1",
-]
 MODELS = {
     "torchvision": ["model=torchvision", "model.arch=resnet18", "data.image_size=32"],
     "vit": ["model=vit", "model.width=16", "model.depth=1", "model.heads=2", "data.image_size=16"],
@@ -40,7 +31,10 @@ def _metrics(run):
 @pytest.mark.parametrize("layer", ["adder", "conv"])
 def test_train_one_epoch_then_test_reproduces_the_validation(tmp_path, model, layer, one_thread):
     run = tmp_path / "run"
-    train(compose([*MODELS[model], f"model.layer={layer}", *FAST, "trainer.epochs=1"]), str(run))
+    train(
+        compose([*TINY_LENET, *MODELS[model], f"model.layer={layer}", "trainer.log_every=1", "trainer.epochs=1"]),
+        str(run),
+    )
     (record,) = _metrics(run)
     log = (run / "train.log").read_text()
     assert f"model {model_label(compose([*MODELS[model], f'model.layer={layer}']).model)}:" in log
@@ -55,7 +49,7 @@ def test_train_one_epoch_then_test_reproduces_the_validation(tmp_path, model, la
 @pytest.mark.slow
 def test_vit_adder_run_resumes_and_extends(tmp_path, one_thread):
     run = tmp_path / "run"
-    args = [*MODELS["vit"], "model.layer=adder", *FAST]
+    args = [*TINY_LENET, *MODELS["vit"], "model.layer=adder", "trainer.log_every=1"]
     train(compose([*args, "trainer.epochs=1"]), str(run))
     first = _metrics(run)
     train(compose([*args, "trainer.epochs=2"]), str(run))
@@ -70,7 +64,7 @@ def test_vit_adder_run_resumes_and_extends(tmp_path, one_thread):
 def test_torchrun_two_processes_adder_torchvision(tmp_path):
     run = tmp_path / "job"
     proc = run_train(
-        [*MODELS["torchvision"], *FAST, "trainer.epochs=1"],
+        [*TINY_LENET, *MODELS["torchvision"], "trainer.log_every=1", "trainer.epochs=1"],
         script=("bash", "scripts/dist_train.sh", "2"),
         timeout=300,
         env=child_env(PYTHON=sys.executable, RUN_DIR=str(run)),

@@ -23,7 +23,7 @@ from addernet.engine.evaluation import evaluate_checkpoint
 from addernet.errors import ConfigError
 from addernet.models import build_model
 
-from helpers import CIFAR10_CLASSES, FAKE, FAST, REPO, compose, folder_run, run_train, write_jpeg_folder
+from helpers import CIFAR10_CLASSES, FAKE, REPO, TINY_RUN, compose, folder_run, run_train, write_jpeg_folder
 
 
 @pytest.fixture
@@ -301,7 +301,7 @@ def test_a_bare_state_dict_is_not_evaluated_as_the_other_twin(finished_tiny_run,
 
     bare = tmp_path / "bare.pt"
     save_checkpoint(load_checkpoint(finished_tiny_run / "checkpoints" / "best.pt")["model"], bare)
-    common = _eval_args(bare, "model=lenet5_bn", "data=fake", "data.val_size=8", "data.image_size=28", *FAST[1:])
+    common = _eval_args(bare, *TINY_RUN, "data.val_size=8", "trainer.log_every=1")
     args = common + ["model.layer=conv"]
     with pytest.raises(
         ConfigError,

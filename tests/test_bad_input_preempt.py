@@ -21,26 +21,26 @@ from addernet.data import build_loader
 from addernet.engine import Preempted, train
 from addernet.engine.resume import StopFlag
 
-import helpers
 from helpers import (
-    FAST,
+    FAKE,
     REPO,
-    TINY_RUN,
     SlowStepTask,
     child_env,
     compose,
+    folder_run,
     metrics_without_timing,
     run_train,
     start_train,
     wait_for_log,
 )
 
-# trainer.log_every stays at its default (50): more than the steps of an epoch here
-FAKE = [
-    *TINY_RUN,
+# the tiny run in 8 steps of 8 an epoch, with SlowStepTask; a log line (and host check) only every 50 steps, more
+# than an epoch here
+SLOW_RUN = [
+    *FAKE,
     "data.train_size=64",
-    "data.val_size=8",
     "data.batch_size=8",
+    "trainer.log_every=50",
     "trainer.deterministic=true",
     "task.name=helpers.SlowStepTask",
 ]
@@ -50,17 +50,17 @@ FAKE = [
 def test_sigterm_is_honoured_at_the_next_step_and_resumes_from_an_explicit_path(tmp_path, monkeypatch):
     """log_every=50 > the steps of an epoch: the stop comes at the next step; trainer.resume=<its last.pt> in a new
     run dir then continues mid-epoch to exactly the metrics of an uninterrupted run."""
-    assert compose(FAKE).trainer.log_every == 50
-    train(compose(FAKE + ["trainer.epochs=2"]), str(tmp_path / "reference"))
+    train(compose(SLOW_RUN + ["trainer.epochs=2"]), str(tmp_path / "reference"))
     monkeypatch.setattr(SlowStepTask, "steps", 0)
     run = tmp_path / "run"
     with pytest.raises(Preempted, match=r"stopped by SIGTERM at epoch 2 step 3; saved .*last.pt"):
-        train(compose(FAKE + ["trainer.epochs=2", "+task.sigterm_step=11"]), str(run))  # step 3 of epoch 2
+        train(compose(SLOW_RUN + ["trainer.epochs=2", "+task.sigterm_step=11"]), str(run))  # step 3 of epoch 2
     last = run / "checkpoints" / "last.pt"
     ckpt = load_checkpoint(last)
     assert (ckpt["epoch"], ckpt["step"]) == (1, 3)
     train(
-        compose(FAKE + ["trainer.epochs=2", "+task.sigterm_step=11", f"trainer.resume={last}"]), str(tmp_path / "new")
+        compose(SLOW_RUN + ["trainer.epochs=2", "+task.sigterm_step=11", f"trainer.resume={last}"]),
+        str(tmp_path / "new"),
     )  # the same command: step 11 is behind the counter now
     # determinism on one machine: runs made in this test, bit for bit
     assert metrics_without_timing(tmp_path / "new" / "metrics.jsonl") == metrics_without_timing(
@@ -72,7 +72,7 @@ def test_sigterm_is_honoured_at_the_next_step_and_resumes_from_an_explicit_path(
 def test_slow_steps_with_the_default_log_every_save_mid_epoch_on_sigterm(tmp_path):
     """One second per step and log_every=50: the SIGTERM is honoured after the current step, not 50 steps later."""
     run = tmp_path / "run"
-    args = FAKE + ["data.train_size=400", "trainer.epochs=1", "+task.delay=1.0", f"hydra.run.dir={run}"]
+    args = SLOW_RUN + ["data.train_size=400", "trainer.epochs=1", "+task.delay=1.0", f"hydra.run.dir={run}"]
     proc = start_train(args, env=child_env(), start_new_session=True)
     try:
         wait_for_log(proc, run / "train.log", "data fake:", timeout=120)
@@ -100,9 +100,7 @@ def _torchrun(tmp_path, *args, timeout=240):
 @pytest.mark.distributed
 def test_torchrun_ranks_agree_on_a_sigterm_at_the_same_step(tmp_path):
     """Only rank 0 gets the signal here; the vote stops both ranks at one step, and rank 0 saves it."""
-    proc = _torchrun(
-        tmp_path, *FAKE, "data.batch_size=8", "trainer.epochs=1", "+task.sigterm_step=3", "+task.delay=0.2"
-    )
+    proc = _torchrun(tmp_path, *SLOW_RUN, "trainer.epochs=1", "+task.sigterm_step=3", "+task.delay=0.2")
     assert proc.returncode != 0
     ckpt = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert ckpt["world_size"] == 2 and ckpt["step"] in (3, 4) and len(ckpt["rng"]) == 2
@@ -114,7 +112,7 @@ def test_torchrun_ranks_agree_on_a_sigterm_at_the_same_step(tmp_path):
 def test_a_stalled_rank_stops_the_job_after_the_timeout_with_a_message(tmp_path):
     proc = _torchrun(
         tmp_path,
-        *FAKE,
+        *SLOW_RUN,
         "trainer.epochs=1",
         "trainer.dist_timeout=5",
         "+task.stall_rank=1",
@@ -134,18 +132,7 @@ def test_a_stalled_rank_stops_the_job_after_the_timeout_with_a_message(tmp_path)
 def test_signal_to_the_process_group_saves_mid_epoch(tmp_path, jpeg_cifar, sig, code):
     """What SLURM (SIGTERM) and a terminal's Ctrl-C (SIGINT) do: signal every process, DataLoader workers too."""
     run = tmp_path / "run"
-    args = [
-        "data=cifar10_folder",
-        f"data.root={jpeg_cifar}",
-        "data.num_classes=4",
-        "data.batch_size=4",
-        "model=lenet5_bn",
-        "data.image_size=28",
-        "trainer.epochs=2",
-        *FAST,
-        "data.num_workers=2",
-        f"hydra.run.dir={run}",
-    ]
+    args = folder_run(jpeg_cifar, "data.batch_size=4", "trainer.epochs=2", "data.num_workers=2", f"hydra.run.dir={run}")
     proc = start_train(args, start_new_session=True)
     try:
         wait_for_log(proc, run / "train.log", "epoch 1/2 step 3/12")
@@ -176,7 +163,7 @@ def test_workers_ignore_stop_signals_and_keep_their_seeds(jpeg_cifar):
                 ]
             )
 
-    cfg = compose(helpers.FAKE + ["data.num_workers=1", "data.batch_size=4"]).data
+    cfg = compose(FAKE + ["data.num_workers=1", "data.batch_size=4"]).data
     loader = build_loader(cfg, "val", Probe(), seed=5)
     base = torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(5)).item()
     [batch] = list(loader)
@@ -191,9 +178,9 @@ def test_a_worker_iterator_alive_at_exit_does_not_hang_the_process():
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(REPO / "tests")!r})
-        from helpers import compose
+        from helpers import FAKE, compose
         from addernet.data import build_loader
-        batches = iter(build_loader(compose({helpers.FAKE!r} + ["data.num_workers=1"]).data, "train"))
+        batches = iter(build_loader(compose(FAKE + ["data.num_workers=1"]).data, "train"))
         next(batches)
         print("one batch")
     """)

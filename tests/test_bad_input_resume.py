@@ -19,15 +19,14 @@ from addernet.checkpoint import CheckpointError, load_checkpoint, save_checkpoin
 from addernet.engine import ConfigError, fit, rundir, train
 from addernet.engine.evaluation import evaluate_checkpoint
 
-import helpers
-from helpers import compose, metrics_without_timing, preempt_at, run_train, start_train, wait_for_log
+from helpers import FAKE, compose, metrics_without_timing, preempt_at, run_train, start_train, wait_for_log
 
-FAKE = [*helpers.FAKE, "trainer.deterministic=true"]
+EXACT_RUN = [*FAKE, "trainer.deterministic=true"]  # the tiny run, bit for bit reproducible
 
 
 def _run(tmp_path, *extra, name="run"):
     run = tmp_path / name
-    train(compose(FAKE + list(extra)), str(run))
+    train(compose(EXACT_RUN + list(extra)), str(run))
     return run
 
 
@@ -45,10 +44,10 @@ def test_history_without_last_pt_is_refused_and_best_pt_is_offered(tmp_path):
         match=r"holds a run's history .*best.pt.*metrics.jsonl.* but no checkpoints/"
         r"last.pt.*trainer.resume=.*best.pt.*fresh dir",
     ):
-        train(compose(FAKE + ["trainer.epochs=2"]), str(run))
+        train(compose(EXACT_RUN + ["trainer.epochs=2"]), str(run))
     assert (best.read_bytes(), metrics.read_text()) == kept
     # the offered choice: resume from best.pt; its history is kept and the run continues at epoch 2
-    train(compose(FAKE + ["trainer.epochs=2", f"trainer.resume={best}"]), str(run))
+    train(compose(EXACT_RUN + ["trainer.epochs=2", f"trainer.resume={best}"]), str(run))
     lines = metrics.read_text().splitlines()
     assert len(lines) == 2 and lines[0] == kept[1].splitlines()[0]
 
@@ -58,13 +57,13 @@ def test_metrics_alone_is_a_history_too(tmp_path):
     run.mkdir()
     (run / "metrics.jsonl").write_text('{"epoch": 1}\n')
     with pytest.raises(ConfigError, match=r"metrics.jsonl\) but no checkpoints/last.pt.*delete"):
-        train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+        train(compose(EXACT_RUN + ["trainer.epochs=1"]), str(run))
     assert (run / "metrics.jsonl").read_text() == '{"epoch": 1}\n'
 
 
 def test_the_runs_own_last_pt_wins_over_trainer_resume(tmp_path):
     source = _run(tmp_path, "trainer.epochs=1", name="source")
-    command = FAKE + ["trainer.epochs=2", f"trainer.resume={source / 'checkpoints' / 'last.pt'}"]
+    command = EXACT_RUN + ["trainer.epochs=2", f"trainer.resume={source / 'checkpoints' / 'last.pt'}"]
     run = tmp_path / "requeued"
     train(compose(command), str(run))
     first = metrics_without_timing(run / "metrics.jsonl")
@@ -88,7 +87,7 @@ def test_changed_settings_are_refused_with_the_keys_and_config_yaml_is_kept(tmp_
     ):
         train(
             compose(
-                FAKE
+                EXACT_RUN
                 + ["trainer.epochs=2", "optim.lr=0.05", "optim.weight_decay=0", "trainer.seed=7", "data.batch_size=8"]
             ),
             str(run),
@@ -99,7 +98,7 @@ def test_changed_settings_are_refused_with_the_keys_and_config_yaml_is_kept(tmp_
 
 def test_settings_that_may_change_are_applied_and_logged(tmp_path):
     run = _run(tmp_path, "trainer.epochs=1")
-    train(compose(FAKE + ["trainer.epochs=2", "trainer.log_every=3", "trainer.hist_every=5"]), str(run))
+    train(compose(EXACT_RUN + ["trainer.epochs=2", "trainer.log_every=3", "trainer.hist_every=5"]), str(run))
     assert "applied from here on: trainer.epochs=2 (the checkpoint's: 1), trainer.hist_every=5" in _log(run)
     stored = OmegaConf.load(run / "config.yaml")
     assert (stored.trainer.log_every, stored.trainer.hist_every) == (3, 5)
@@ -108,7 +107,9 @@ def test_settings_that_may_change_are_applied_and_logged(tmp_path):
 def test_resume_override_applies_the_new_optimizer_settings(tmp_path):
     run = _run(tmp_path, "trainer.epochs=1")
     train(
-        compose(FAKE + ["trainer.epochs=2", "optim.lr=0.05", "optim.weight_decay=0", "trainer.resume_override=true"]),
+        compose(
+            EXACT_RUN + ["trainer.epochs=2", "optim.lr=0.05", "optim.weight_decay=0", "trainer.resume_override=true"]
+        ),
         str(run),
     )
     records = metrics_without_timing(run / "metrics.jsonl")
@@ -120,7 +121,7 @@ def test_resume_override_applies_the_new_optimizer_settings(tmp_path):
 
 
 def test_mid_epoch_batch_size_change_continues_after_the_images_seen(tmp_path, monkeypatch):
-    args = FAKE + ["trainer.epochs=1", "data.train_size=48", "data.batch_size=8"]
+    args = EXACT_RUN + ["trainer.epochs=1", "data.train_size=48", "data.batch_size=8"]
     run = tmp_path / "run"
     preempt_at(args, "epoch 1/1 step 2/6", run)
     seen = []
@@ -146,7 +147,7 @@ def test_changing_the_kd_teacher_is_refused_even_with_override(tmp_path):
         r"trainer.resume_override",
     ):
         train(
-            compose(FAKE + ["trainer.epochs=2", "task=kd", f"task.teacher={two}", "trainer.resume_override=true"]),
+            compose(EXACT_RUN + ["trainer.epochs=2", "task=kd", f"task.teacher={two}", "trainer.resume_override=true"]),
             str(run),
         )
 
@@ -154,18 +155,18 @@ def test_changing_the_kd_teacher_is_refused_even_with_override(tmp_path):
 def test_switching_optimizer_on_resume_is_one_line(tmp_path):
     run = _run(tmp_path, "trainer.epochs=1")
     with pytest.raises(ConfigError, match=r"cannot be resumed with optim.name=adamw \(the checkpoint's: sgd\)"):
-        train(compose(FAKE + ["trainer.epochs=2", "optim=adamw"]), str(run))
+        train(compose(EXACT_RUN + ["trainer.epochs=2", "optim=adamw"]), str(run))
     # a checkpoint whose stored config was edited to claim AdamW still holds SGD's state
     last = run / "checkpoints" / "last.pt"
     ckpt = load_checkpoint(last)
-    ckpt["config"]["optim"] = OmegaConf.to_container(compose(FAKE + ["optim=adamw"]).optim)
+    ckpt["config"]["optim"] = OmegaConf.to_container(compose(EXACT_RUN + ["optim=adamw"]).optim)
     save_checkpoint(ckpt, last)
     with pytest.raises(
         CheckpointError,
         match=r"holds the state of another optimizer .*momentum.* than this run's "
         r"AdamW",
     ):
-        train(compose(FAKE + ["trainer.epochs=2", "optim=adamw"]), str(run))
+        train(compose(EXACT_RUN + ["trainer.epochs=2", "optim=adamw"]), str(run))
 
 
 @pytest.mark.parametrize(
@@ -189,7 +190,7 @@ def test_hand_edited_checkpoint_fields_are_one_line(tmp_path, finished_tiny_run,
     ckpt[field] = value
     save_checkpoint(ckpt, edited)
     with pytest.raises(CheckpointError, match=message) as e:
-        train(compose(FAKE + ["trainer.epochs=2", f"trainer.resume={edited}"]), str(tmp_path / "resumed"))
+        train(compose(EXACT_RUN + ["trainer.epochs=2", f"trainer.resume={edited}"]), str(tmp_path / "resumed"))
     assert "\n" not in str(e.value)
 
 
@@ -213,10 +214,10 @@ def test_test_py_checks_format_version_like_resume(tmp_path, finished_tiny_run, 
 
 def test_resume_with_the_other_layer_is_refused_and_keeps_the_config(tmp_path):
     run = tmp_path / "run"
-    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    train(compose(EXACT_RUN + ["trainer.epochs=1"]), str(run))
     before = (run / "config.yaml").read_text()
     with pytest.raises(ConfigError, match=r"last.pt was trained as a different model: model.layer=conv"):
-        train(compose(FAKE + ["trainer.epochs=2", "model.layer=conv"]), str(run))
+        train(compose(EXACT_RUN + ["trainer.epochs=2", "model.layer=conv"]), str(run))
     assert (run / "config.yaml").read_text() == before
 
 
@@ -225,8 +226,8 @@ def test_resume_with_the_other_layer_is_refused_and_keeps_the_config(tmp_path):
 
 def test_resume_with_more_epochs_continues_the_schedule_of_the_new_length(tmp_path):
     run = tmp_path / "run"
-    train(compose(FAKE + ["trainer.epochs=2"]), str(run))
-    train(compose(FAKE + ["trainer.epochs=3"]), str(run))
+    train(compose(EXACT_RUN + ["trainer.epochs=2"]), str(run))
+    train(compose(EXACT_RUN + ["trainer.epochs=3"]), str(run))
     lrs = [r["lr"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
     cosine = [0.1 * (1 + math.cos(math.pi * e / 2)) / 2 for e in (0, 1)] + [0.1 * (1 + math.cos(math.pi * 2 / 3)) / 2]
     assert lrs == pytest.approx(cosine, abs=1e-12) and lrs[2] == pytest.approx(0.025)
@@ -246,17 +247,17 @@ def test_a_locked_run_dir_fails_at_once_and_is_left_alone(tmp_path):
         with pytest.raises(
             rundir.RunDirBusy, match=f"run dir {run} is in use by another training run \\(pid {os.getpid()}"
         ):
-            train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+            train(compose(EXACT_RUN + ["trainer.epochs=1"]), str(run))
         assert sorted(os.listdir(run)) == [".lock"]  # no train.log, config.yaml or checkpoints written
     finally:
         holder.close()
-    train(compose(FAKE + ["trainer.epochs=1"]), str(run))  # released: the next run goes ahead
+    train(compose(EXACT_RUN + ["trainer.epochs=1"]), str(run))  # released: the next run goes ahead
 
 
 @pytest.mark.slow
 def test_concurrent_train_py_in_one_run_dir(tmp_path):
     run = tmp_path / "run"
-    args = FAKE + ["data.train_size=64", "data.batch_size=8", "trainer.epochs=2", f"hydra.run.dir={run}"]
+    args = EXACT_RUN + ["data.train_size=64", "data.batch_size=8", "trainer.epochs=2", f"hydra.run.dir={run}"]
     first = start_train(args)
     try:
         wait_for_log(first, run / "train.log", "epoch 1/2 step 1/8")
@@ -282,7 +283,7 @@ def test_stale_tmp_files_are_removed_at_start(tmp_path):
     stale = [run / "checkpoints" / ".last.pt.k3j2.tmp", run / "metrics.jsonl.tmp"]
     for p in stale:
         p.write_bytes(b"half a write")
-    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    train(compose(EXACT_RUN + ["trainer.epochs=1"]), str(run))
     assert not any(p.exists() for p in stale)
     assert sorted(os.listdir(run / "checkpoints")) == ["best.pt", "last.pt"]
     assert "removed 2 temporary file(s) of an interrupted write" in (run / "train.log").read_text()
@@ -294,7 +295,7 @@ def _disk_full(*args, **kwargs):
 
 def test_disk_full_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     run = tmp_path / "run"
-    train(compose(FAKE + ["trainer.epochs=1"]), str(run))
+    train(compose(EXACT_RUN + ["trainer.epochs=1"]), str(run))
     last = run / "checkpoints" / "last.pt"
     before = last.read_bytes()
     monkeypatch.setattr(torch, "save", _disk_full)
@@ -303,7 +304,7 @@ def test_disk_full_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, mo
         match=f"cannot write checkpoint {run}/checkpoints/(best|last).pt: no space "
         f"left on device; the previous (best|last).pt is intact",
     ):
-        train(compose(FAKE + ["trainer.epochs=2"]), str(run))
+        train(compose(EXACT_RUN + ["trainer.epochs=2"]), str(run))
     monkeypatch.undo()
     assert last.read_bytes() == before and sorted(os.listdir(last.parent)) == ["best.pt", "last.pt"]
 

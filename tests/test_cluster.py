@@ -12,18 +12,10 @@ import pytest
 from addernet.analysis.summarize import main as summarize_runs
 from addernet.distributed import adopt_slurm_environment, first_host
 
-from helpers import REPO, run_main, run_train
+from helpers import REPO, TINY_RUN, run_main, run_train
 
 # one job of a sweep: a LeNet-5-BN on 32 FakeData images, the debug preset's short run
-SWEEP_JOB = [
-    "experiment=debug",
-    "data=fake",
-    "model=lenet5_bn",
-    "data.image_size=28",
-    "data.train_size=32",
-    "data.val_size=16",
-    "trainer.device=cpu",
-]
+SWEEP_JOB = ["experiment=debug", *TINY_RUN, "data.train_size=32", "data.val_size=16", "trainer.device=cpu"]
 
 
 @pytest.mark.parametrize(

@@ -69,24 +69,11 @@ def test_train_py_compiles_the_model_when_asked(tmp_path, monkeypatch):
     numerics of a compiled model are the tests above)."""
     from addernet.engine import train
 
-    from helpers import compose
+    from helpers import TINY_LENET, compose
 
     compiled = []
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compiled.append(type(self).__name__))
-    base = [
-        "data=fake",
-        "model=lenet5_bn",
-        "data.image_size=28",
-        "data.in_channels=1",
-        "data.mean=[0.5]",
-        "data.std=[0.5]",
-        "data.train_size=16",
-        "data.val_size=8",
-        "data.batch_size=8",
-        "trainer.epochs=1",
-        "trainer.progress=false",
-        "data.num_workers=0",
-    ]
+    base = [*TINY_LENET, "data.in_channels=1", "data.mean=[0.5]", "data.std=[0.5]", "trainer.epochs=1"]
     train(compose(base), str(tmp_path / "off"))
     assert compiled == []
     train(compose(base + ["trainer.compile=true"]), str(tmp_path / "on"))

@@ -89,7 +89,7 @@ def test_plain_train_py_is_the_headline_experiment():
 
 @pytest.mark.parametrize(
     "data", sorted(p.stem for p in (REPO / "configs" / "data").glob("*.yaml") if not p.stem.startswith("_"))
-)  # a name starting with _ would be a block, not an option
+)  # a file named _*.yaml would be a block the options include, not an option
 def test_data_configs_share_the_contract(data):
     cfg = compose([f"data={data}"])
     assert DATA_KEYS <= set(cfg.data)

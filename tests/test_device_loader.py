@@ -14,9 +14,9 @@ from addernet.engine import train
 from addernet.engine.evaluation import evaluate_checkpoint
 
 from helpers import (
-    FAST,
     assert_exact_resume,
     compose,
+    folder_run,
     metrics_without_timing,
     trust_cifar10_md5,
     write_cifar10,
@@ -288,19 +288,7 @@ def test_mixed_image_sizes_are_refused(tmp_path):
 def test_training_and_test_py_evaluation_on_device(tmp_path, jpeg_cifar):
     run = tmp_path / "run"
     train(
-        compose(
-            [
-                "data=cifar10_folder",
-                f"data.root={jpeg_cifar}",
-                "data.num_classes=4",
-                "data.batch_size=16",
-                "model=lenet5_bn",
-                "data.image_size=28",
-                "data.on_device=true",
-                "trainer.epochs=1",
-                *FAST,
-            ]
-        ),
+        compose(folder_run(jpeg_cifar, "data.on_device=true")),
         str(run),
     )
     [record] = metrics_without_timing(run / "metrics.jsonl")
@@ -312,17 +300,12 @@ def test_training_and_test_py_evaluation_on_device(tmp_path, jpeg_cifar):
 
 @pytest.mark.slow
 def test_mid_epoch_resume_equals_uninterrupted(tmp_path, jpeg_cifar):
-    base = [
-        "data=cifar10_folder",
-        f"data.root={jpeg_cifar}",
-        "data.num_classes=4",
+    base = folder_run(
+        jpeg_cifar,
         "data.batch_size=8",
-        "data.image_size=28",
-        "model=lenet5_bn",
         "data.on_device=true",
         "trainer.epochs=2",
         "trainer.deterministic=true",
         "trainer.seed=2",
-        *FAST,
-    ]
+    )
     assert_exact_resume(base, at="epoch 2/2 step 3/6", root=tmp_path)

@@ -11,19 +11,9 @@ from addernet.checkpoint import load_checkpoint
 from addernet.data import build_loader
 from addernet.engine import evaluate, model_from_config
 
-from helpers import RUN_FILES, compose, run_train
+from helpers import FAKE, RUN_FILES, compose, run_train
 
-ARGS = [
-    "data=fake",
-    "data.train_size=64",
-    "data.val_size=37",
-    "data.batch_size=16",
-    "model=lenet5_bn",
-    "data.image_size=28",
-    "trainer.epochs=2",
-    "trainer.progress=false",
-    "trainer.log_every=1",
-]
+ARGS = [*FAKE, "data.train_size=64", "data.val_size=37", "trainer.epochs=2"]  # 4 steps of 16 an epoch
 
 
 @pytest.mark.slow

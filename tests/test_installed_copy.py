@@ -8,9 +8,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, SHARED, needs_shared
-
-TINY = ["model=lenet5_bn", "data.image_size=28", "data.train_size=32", "data.val_size=16", "data.batch_size=16"]
+from helpers import FAKE, REPO, SHARED, needs_shared
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +38,10 @@ def test_an_installed_copy_runs_the_quick_start_from_another_directory(tmp_path,
 
     where = run("-c", "import addernet.config as c; print(c.__file__); print(c.config_dir())").split()
     assert all(p.startswith(str(target)) for p in where)  # not the checkout
-    run("-m", "addernet.train", "experiment=quickstart", *TINY, "trainer.epochs=1", "hydra.run.dir=run")
+    run("-m", "addernet.train", "experiment=quickstart", *FAKE, "trainer.epochs=1", "hydra.run.dir=run")
     out = run("-m", "addernet.test", "checkpoint=run/checkpoints/best.pt", "trainer.progress=false")
     result = json.loads(out.strip().splitlines()[-1])
-    assert result["n"] == 16 and result["weights"] == "model"
+    assert result["n"] == 8 and result["weights"] == "model"  # FAKE's 8 validation images
 
 
 @pytest.mark.slow

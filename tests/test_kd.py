@@ -12,35 +12,7 @@ from addernet.engine import evaluate, model_from_config, train
 from addernet.errors import CheckpointError, ConfigError
 from addernet.tasks import build_task
 
-from helpers import TINY_RUN, compose, f32_ce_bound, f32_sum_bound, run_train
-
-TINY = [
-    *TINY_RUN,
-    "data.train_size=24",
-    "data.val_size=10",
-    "data.batch_size=8",
-    "trainer.epochs=2",
-    "trainer.log_every=1",
-    "trainer.device=cpu",
-]
-
-
-def conv_teacher_file(tmp_path, num_classes=10, seed=5):
-    """A LeNet-5-BN CNN as a bare state_dict (its BN statistics made non-trivial) and the module itself."""
-    torch.manual_seed(seed)
-    cfg = compose(TINY + ["model.layer=conv", f"data.num_classes={num_classes}"])
-    teacher = model_from_config(cfg)
-    for m in teacher.modules():
-        if isinstance(m, torch.nn.BatchNorm2d):
-            m.running_mean.uniform_(-0.2, 0.2)
-            m.running_var.uniform_(0.5, 2.0)
-    path = tmp_path / "teacher.pt"
-    torch.save(teacher.state_dict(), path)
-    return path, teacher.eval()
-
-
-def kd_cfg(path, *extra):
-    return compose(TINY + ["task=kd", f"task.teacher={path}", "task.teacher_layer=conv", *extra])
+from helpers import KD_RUN, compose, conv_teacher_file, f32_ce_bound, f32_sum_bound, kd_cfg, run_train
 
 
 def test_loss_equals_the_formula_computed_independently(tmp_path):
@@ -112,9 +84,9 @@ def test_a_kd_run_leaves_the_teacher_unchanged_and_reports_its_val_metrics(tmp_p
 
 def test_our_checkpoint_builds_the_teacher_from_its_stored_config(tmp_path):
     teacher_run = tmp_path / "cnn"
-    train(compose(TINY + ["model.layer=conv", "trainer.epochs=1"]), str(teacher_run))
+    train(compose(KD_RUN + ["model.layer=conv", "trainer.epochs=1"]), str(teacher_run))
     best = teacher_run / "checkpoints" / "best.pt"
-    cfg = compose(TINY + ["task=kd", f"task.teacher={best}"])
+    cfg = compose(KD_RUN + ["task=kd", f"task.teacher={best}"])
     task = build_task(model_from_config(cfg), cfg)
     stored = load_checkpoint(best)["model"]
     assert all(torch.equal(stored[k], v) for k, v in task.teacher.state_dict().items())
@@ -124,7 +96,7 @@ def test_our_checkpoint_builds_the_teacher_from_its_stored_config(tmp_path):
 def _our_checkpoint(tmp_path, **data):
     """A checkpoint of ours whose stored config says it was trained with ``data`` overrides."""
     overrides = [f"data.{k}={v}" for k, v in data.items()]
-    cfg = compose(TINY + ["model.layer=conv", *overrides])
+    cfg = compose(KD_RUN + ["model.layer=conv", *overrides])
     from omegaconf import OmegaConf
 
     model = model_from_config(cfg)
@@ -177,7 +149,7 @@ def test_bad_teachers_stop_before_any_training_step(tmp_path, case, error, messa
     elif case in ("temperature", "alpha", "unset"):
         teacher, _ = conv_teacher_file(tmp_path)
         extra += {"temperature": ["task.temperature=0"], "alpha": ["task.alpha=1.5"], "unset": []}[case]
-    overrides = TINY + ["task=kd"] + ([] if case == "unset" else [f"task.teacher={teacher}"]) + extra
+    overrides = KD_RUN + ["task=kd"] + ([] if case == "unset" else [f"task.teacher={teacher}"]) + extra
     run = tmp_path / "run"
     with pytest.raises(error, match=message):
         train(compose(overrides), str(run))
@@ -187,7 +159,7 @@ def test_bad_teachers_stop_before_any_training_step(tmp_path, case, error, messa
 @pytest.mark.slow
 def test_train_py_exits_non_zero_with_one_line_for_a_missing_teacher(tmp_path):
     proc = run_train(
-        TINY + ["task=kd", f"task.teacher={tmp_path / 'nope.pt'}", f"hydra.run.dir={tmp_path / 'r'}"], timeout=120
+        KD_RUN + ["task=kd", f"task.teacher={tmp_path / 'nope.pt'}", f"hydra.run.dir={tmp_path / 'r'}"], timeout=120
     )
     assert proc.returncode == 2
     assert "train.py: error: checkpoint not found" in proc.stderr and "Traceback" not in proc.stderr

@@ -18,9 +18,15 @@ from addernet.errors import BuildError, ConfigError
 from addernet.ops.kernels import build, cpu, int_cpu
 from addernet.quant import IntegerResNet
 
-from helpers import REPO, child_env
-from test_quant import int_reference
-from test_quant_intnet import _images, _quantised_resnet20, _reference, _rel
+from helpers import (
+    REPO,
+    child_env,
+    int_reference,
+    max_rel_error,
+    quantised_reference,
+    quantised_resnet20,
+    random_images,
+)
 
 PATHS = {"avx512": "avx512", "avx2": "avx2", "sse2": "sse2", "scalar": "plain C"}  # ISA -> path it reports
 
@@ -192,15 +198,15 @@ def test_integer_kernel_equals_the_integer_reference(isa, lane):
 def test_integer_network_equals_the_float64_reference_on_every_split(isa, bits, monkeypatch):
     """Within float32 rounding of the float64 reference, and bit-identical to the plain-C path, for the
     images split across threads, one image's pixels split across threads, and one thread."""
-    quantised = _quantised_resnet20(bits)
-    x = _images(3, 2)
+    quantised = quantised_resnet20(bits)
+    x = random_images(3, 2)
     net = IntegerResNet(quantised)  # packed for this path's row alignment and tile
     whole = net.features(x)
     single = torch.cat([net.features(x[i : i + 1]) for i in range(3)])
     torch.set_num_threads(1)
     serial = net.features(x)
     assert torch.equal(whole, single) and torch.equal(whole, serial)
-    assert _rel(net(x), _reference(quantised, x)) < 3e-5
+    assert max_rel_error(net(x), quantised_reference(quantised, x)) < 3e-5
     monkeypatch.setenv("ADDERNET_CPU_ISA", "scalar")
     assert torch.equal(whole, IntegerResNet(quantised).features(x))
 

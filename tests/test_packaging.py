@@ -54,10 +54,12 @@ def test_pip_installed_wheel_imports_and_runs_from_another_directory(tmp_path):
 
 
 def readme_install_lines():
-    """The commands of the README's Install section in order (its install block, then the extras block), without
+    """The commands of the README's Install section in order, then those of docs/install.md's extras block, without
     the venv line and comments."""
     section = (REPO / "README.md").read_text().split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
-    lines = [x.split("#")[0].strip() for b in re.findall(r"```bash\n(.*?)```", section, re.S) for x in b.splitlines()]
+    extras = (REPO / "docs" / "install.md").read_text().split("\n## Optional extras\n", 1)[1].split("\n## ", 1)[0]
+    blocks = [b for text in (section, extras) for b in re.findall(r"```bash\n(.*?)```", text, re.S)]
+    lines = [x.split("#")[0].strip() for b in blocks for x in b.splitlines()]
     return [x for x in lines if x and not x.startswith("python3 -m venv")]
 
 
@@ -65,8 +67,8 @@ def readme_install_lines():
 @pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs git and a git checkout")
 def test_the_readme_install_lines_keep_a_clone_named_addernet_from_shadowing_the_package(tmp_path):
     """Cloned into a folder named addernet and used from its parent, the folder would be imported as an empty
-    namespace package ahead of an import-hook editable install. The README's install lines, run in order in a fresh
-    venv (the extras lines included), must each leave the package importable from there."""
+    namespace package ahead of an import-hook editable install. The README's install lines and docs/install.md's
+    extras lines, run in order in a fresh venv, must each leave the package importable from there."""
     clone, venv = tmp_path / "addernet", tmp_path / "venv"
     subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=300)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)

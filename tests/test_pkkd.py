@@ -20,12 +20,14 @@ from addernet.tasks import build_task
 from addernet.tasks.kernel_maps import conv_sq_distance, gaussian_kernel, laplacian_kernel
 
 from helpers import (
+    FAKE,
     TESTS,
     TINY_LENET,
     assert_exact_resume,
     child_env,
     compose,
     f32_sum_bound,
+    folder_run,
     run_train,
     torchrun,
 )
@@ -216,22 +218,9 @@ def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
 
 
 def _resume_args(root, run=None):
-    args = [
-        "data=cifar10_folder",
-        f"data.root={root}",
-        "data.num_classes=4",
-        "data.batch_size=8",
-        "data.image_size=28",
-        "model=lenet5_bn",
-        "task=pkkd",
-        "data.num_workers=0",
-        "data.pin_memory=false",
-        "trainer.epochs=3",
-        "trainer.deterministic=true",
-        "trainer.progress=false",
-        "trainer.log_every=1",
-        "trainer.seed=3",
-    ]
+    args = folder_run(
+        root, "data.batch_size=8", "task=pkkd", "trainer.epochs=3", "trainer.deterministic=true", "trainer.seed=3"
+    )
     return args + ([f"hydra.run.dir={run}"] if run else [])
 
 
@@ -255,18 +244,7 @@ def test_kill_and_resume_equals_uninterrupted_for_student_teacher_and_rho(tmp_pa
 def test_torchrun_pkkd_run_checkpoints_bare_student_teacher_and_rho(tmp_path):
     """The engine path: scripts/dist_train.sh 2 task=pkkd; rank 0's checkpoint holds bare (unwrapped) modules."""
     run = tmp_path / "run"
-    args = [
-        "data=fake",
-        "data.train_size=32",
-        "data.val_size=13",
-        "data.batch_size=8",
-        "model=lenet5_bn",
-        "data.image_size=28",
-        "trainer.epochs=1",
-        "trainer.progress=false",
-        "trainer.log_every=1",
-        "task=pkkd",
-    ]
+    args = [*FAKE, "data.val_size=13", "data.batch_size=8", "trainer.epochs=1", "task=pkkd"]
     proc = run_train(
         args,
         script=("bash", "scripts/dist_train.sh", "2"),

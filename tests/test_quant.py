@@ -6,8 +6,6 @@ import itertools
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from omegaconf import OmegaConf
 
 from addernet.checkpoint import CheckpointError
 from addernet.engine import ConfigError
@@ -27,27 +25,7 @@ from addernet.quant.quantizer import (
     unsigned_form,
 )
 
-from helpers import compose
-
-# plain values (no schema types), so a value of the wrong type reaches the quantiser's own checks
-QUANT_DEFAULTS = OmegaConf.create(OmegaConf.to_container(compose(["checkpoint=x.pt"], config_name="test").quant))
-
-
-def quant_cfg(**kw):
-    return OmegaConf.merge(QUANT_DEFAULTS, kw)
-
-
-def int_reference(x, w, stride, padding, dilation, groups):
-    """sum |x - w| in int64 from unfold: the plain integer reference of the kernel."""
-    n, o = x.shape[0], w.shape[0]
-    cols = F.unfold(x.double(), w.shape[-2:], dilation=dilation, padding=padding, stride=stride).to(torch.int64)
-    cols = cols.view(n, groups, -1, cols.shape[-1])
-    wk = w.to(torch.int64).reshape(groups, o // groups, -1)
-    y = (cols.unsqueeze(2) - wk[None, :, :, :, None]).abs().sum(3)
-    ho = (x.shape[2] + 2 * padding[0] - dilation[0] * (w.shape[2] - 1) - 1) // stride[0] + 1
-    wo = (x.shape[3] + 2 * padding[1] - dilation[1] * (w.shape[3] - 1) - 1) // stride[1] + 1
-    return y.reshape(n, o, ho, wo)
-
+from helpers import int_reference, quant_cfg
 
 # ---- quantiser identities ----------------------------------------------------------------------------------
 

@@ -3,90 +3,29 @@ entry): against a float64 reference of the quantised model written from the form
 layer-by-layer QAdder2d model, over batch and thread splits, 8/4/12 bits (uint8 and uint16 lanes), groups
 with different scales; load_quantized(path); the official checkpoint on sample images."""
 
-import functools
-
 import pytest
 import torch
-import torch.nn.functional as F
-from omegaconf import OmegaConf
 
 from addernet.engine import ConfigError
 from addernet.models import build_model
-from addernet.ops import Adder2d
 from addernet.quant import IntegerResNet, QAdder2d, inference_model, load_quantized, quantize_model, save_quantized
-from addernet.quant.quantizer import levels
 
-from helpers import CIFAR_SAMPLE, OFFICIAL_R20, SHARED, compose, needs_shared
-
-QUANT_DEFAULTS = compose(["checkpoint=x.pt"], config_name="test").quant
-
-
-def _images(n, seed):
-    return torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
-
-
-@functools.cache  # built once per bit width for this module's tests, which only read it
-@torch.no_grad()
-def _quantised_resnet20(bits, groups=4):
-    """A ResNet-20 with BatchNorm statistics from its own activations, filters spread over a wide range of
-    max|w| (so groups get different scales), quantised on 16 images (one calibration batch)."""
-    torch.manual_seed(0)
-    model = build_model("resnet20")
-    for m in model.modules():
-        if isinstance(m, Adder2d):
-            m.weight.mul_(torch.linspace(0.01, 1.0, m.out_channels).view(-1, 1, 1, 1))
-        elif isinstance(m, torch.nn.BatchNorm2d):
-            m.momentum = None
-    model.train()
-    model(_images(32, 0))
-    model.eval()
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(_images(16, 1), torch.zeros(16)), batch_size=16)
-    return quantize_model(model, loader, OmegaConf.merge(QUANT_DEFAULTS, {"bits": bits, "groups": groups}))
-
-
-def _bn64(bn, y):
-    k = bn.weight.double() / (bn.running_var.double() + bn.eps).sqrt()
-    return y * k.view(1, -1, 1, 1) + (bn.bias.double() - bn.running_mean.double() * k).view(1, -1, 1, 1)
-
-
-def _qlayer64(q, x):
-    """-(s_o/(2^b-1)) sum|q_a - 2 q_w| + beta per filter, q_a = clip(round(x (2^b-1)/s_o)), in float64."""
-    lv, s = levels(int(q.bits)), q.scale[q.group].double()
-    ho = (x.shape[2] + 2 * q.padding[0] - q.kernel_size[0]) // q.stride[0] + 1
-    y = torch.empty(x.shape[0], ho * ho, q.out_channels, dtype=torch.float64)
-    for scale in set(s.tolist()):
-        members = (s == scale).nonzero().flatten()
-        a = (x * (lv / scale)).round().clamp(0, lv)
-        cols = F.unfold(a, q.kernel_size, padding=q.padding, stride=q.stride).transpose(1, 2)
-        w = 2 * q.qweight[members].double().flatten(1)
-        y[:, :, members] = -(scale / lv) * torch.cdist(cols, w.expand(x.shape[0], -1, -1), p=1)
-    return (y + q.bias_term.double()).transpose(1, 2).reshape(x.shape[0], q.out_channels, ho, -1)
-
-
-def _f32(t):
-    return t.float().double()
-
-
-@torch.no_grad()
-def _reference(model, x):
-    """The quantised ResNet in float64, with float32 where the integer network keeps a float copy (the stem
-    convolution's output, the residual operands, the tail)."""
-    h = F.relu(_bn64(model.bn1, model.conv1(x).double()))
-    for stage in (model.layer1, model.layer2, model.layer3):
-        for b in stage:
-            ident = _f32(h) if b.downsample is None else _f32(_bn64(b.downsample[1], _qlayer64(b.downsample[0], h)))
-            mid = F.relu(_bn64(b.bn1, _qlayer64(b.conv1, h)))
-            h = F.relu(_bn64(b.bn2, _qlayer64(b.conv2, mid)) + ident)
-    return _bn64(model.bn2, F.conv2d(F.avg_pool2d(_f32(h), 8), model.fc.weight.double())).flatten(1)
-
-
-def _rel(a, b):
-    return ((a.double() - b.double()).abs().max(1).values / b.double().abs().max(1).values).max().item()
+from helpers import (
+    CIFAR_SAMPLE,
+    OFFICIAL_R20,
+    SHARED,
+    max_rel_error,
+    needs_shared,
+    quant_cfg,
+    quantised_reference,
+    quantised_resnet20,
+    random_images,
+)
 
 
 @pytest.fixture(scope="module", params=[8, 4, 12])
 def quantised(request):
-    return _quantised_resnet20(request.param)
+    return quantised_resnet20(request.param)
 
 
 def test_groups_of_the_test_model_have_different_scales(quantised):
@@ -95,21 +34,23 @@ def test_groups_of_the_test_model_have_different_scales(quantised):
 
 
 def test_integer_network_equals_the_float64_reference_of_the_quantised_model(quantised):
-    x = _images(6, 2)
+    x = random_images(6, 2)
     net = IntegerResNet(quantised)
     assert net.lane == (torch.uint8 if int(quantised.layer1[0].conv1.bits) <= 8 else torch.uint16)
-    ref = _reference(quantised, x)
+    ref = quantised_reference(quantised, x)
     got = net(x)
-    assert _rel(got, ref) < 3e-5, _rel(got, ref)  # the same levels everywhere: float32 rounding in the tail only
+    assert max_rel_error(got, ref) < 3e-5, max_rel_error(
+        got, ref
+    )  # the same levels everywhere: float32 rounding in the tail only
     with torch.no_grad():
         layers = quantised(x)
     # the layer-by-layer model rounds in float32 before quantising: never closer to the exact values
-    assert _rel(got, ref) <= _rel(layers, ref) + 1e-6
+    assert max_rel_error(got, ref) <= max_rel_error(layers, ref) + 1e-6
     assert (got.argmax(1) == layers.argmax(1)).float().mean() >= 5 / 6
 
 
 def test_batch_and_thread_splits_give_identical_outputs(quantised):
-    x = _images(5, 3)
+    x = random_images(5, 3)
     net = IntegerResNet(quantised)
     threads = torch.get_num_threads()
     try:
@@ -146,14 +87,14 @@ def test_inference_model_and_runtime_choices(quantised):
 
 
 def test_load_quantized_returns_the_integer_network(tmp_path):
-    model = _quantised_resnet20(8)
+    model = quantised_resnet20(8)
     path = save_quantized(
         tmp_path / "q8.pt",
         model,
         {"model": {"name": "resnet20", "layer": "adder"}, "data": {"num_classes": 10, "in_channels": 3}},
         {"bits": 8},
     )
-    x = _images(4, 4)
+    x = random_images(4, 4)
     net = load_quantized(path)
     assert isinstance(net, IntegerResNet) and not net.training
     assert torch.equal(net(x), IntegerResNet(model)(x))  # determinism: the same network rebuilt from its file
@@ -188,7 +129,7 @@ def test_official_resnet20_same_top1_as_the_layer_model_on_sample_images():
     model = build_model("resnet20")
     load_official(model, load_checkpoint(OFFICIAL_R20))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(calib, torch.zeros(256)), batch_size=128)
-    quantize_model(model.eval(), loader, OmegaConf.merge(QUANT_DEFAULTS, {"bits": 8}))
+    quantize_model(model.eval(), loader, quant_cfg(bits=8))
     with torch.no_grad():
         layers = model(x).argmax(1)
     net = IntegerResNet(model)(x).argmax(1)

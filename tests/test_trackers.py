@@ -14,11 +14,6 @@ from addernet.errors import ConfigError
 
 from helpers import TINY_LENET, compose
 
-TINY = [
-    *TINY_LENET,
-    "trainer.epochs=2",
-]
-
 
 def _records(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -30,7 +25,7 @@ def test_mlflow_file_store_run_has_the_scalars_params_and_config(tmp_path):
     from mlflow.tracking import MlflowClient
 
     run = tmp_path / "run"
-    train(compose(TINY + ["logger=[tensorboard,mlflow]"]), str(run))
+    train(compose(TINY_LENET + ["trainer.epochs=2", "logger=[tensorboard,mlflow]"]), str(run))
     assert (run / "tensorboard").is_dir()
     client = MlflowClient(tracking_uri=f"file:{run / 'mlruns'}")
     [found] = client.search_runs([client.get_experiment_by_name("addernet").experiment_id])
@@ -63,7 +58,7 @@ def test_wandb_offline_run_has_the_scalars_and_config(tmp_path):  # starts W&B's
     if Version(wandb.__version__) < Version("0.31"):
         pytest.skip("reading the run file needs wandb >= 0.31 (wandb leet inspect --json)")
     run = tmp_path / "run"
-    train(compose(TINY + ["logger=wandb"]), str(run))
+    train(compose(TINY_LENET + ["trainer.epochs=2", "logger=wandb"]), str(run))
     wandb.teardown()  # the W&B service writes the run file asynchronously: stop it so the file is complete
     assert not (run / "tensorboard").exists()  # logger=wandb alone: no TensorBoard files
     [path] = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
@@ -81,7 +76,7 @@ def test_wandb_offline_run_has_the_scalars_and_config(tmp_path):  # starts W&B's
 
 
 def test_an_unknown_logger_is_a_config_error():
-    cfg = compose(TINY)
+    cfg = compose(TINY_LENET + ["trainer.epochs=2"])
     cfg.logger = {"neptune": {}}
     with pytest.raises(ConfigError, match="unknown logger 'neptune'"):
         check_config(cfg)

@@ -13,7 +13,17 @@ from addernet.engine.config import check_config
 from addernet.errors import ConfigError
 from addernet.tasks import build_task
 
-from helpers import TESTS, TINY_LENET, compose, f32_ce_bound, torchrun
+from helpers import (
+    TESTS,
+    TINY_LENET,
+    compose,
+    conv_teacher_file,
+    f32_ce_bound,
+    kd_cfg,
+    small_adder_net,
+    small_batches,
+    torchrun,
+)
 
 LENET = [
     *TINY_LENET,
@@ -55,8 +65,6 @@ def test_label_smoothing_is_the_smoothed_cross_entropy_of_the_student(task_args)
 
 
 def test_label_smoothing_in_kd_applies_to_the_ce_term_only(tmp_path):
-    from test_kd import conv_teacher_file, kd_cfg
-
     path, _ = conv_teacher_file(tmp_path)
     x, y = torch.randn(8, 3, 28, 28, generator=torch.Generator().manual_seed(1)), torch.arange(8) % 10
     outs = []
@@ -95,27 +103,13 @@ def test_bad_option_values_name_the_key(override, message):
 # ---- trainer.accumulate and trainer.clip_grad_norm: one optimizer step against plain references ----
 
 
-def _small_net():
-    from ddp_adaptive_lr_worker import build_model
-
-    return build_model()  # GroupNorm, no BatchNorm: the split of a batch cannot change the maths
-
-
-def _batches(n=7, steps=2):
-    g = torch.Generator().manual_seed(3)
-    return [
-        (torch.randn(n, 3, 8, 8, generator=g, dtype=torch.float64), torch.randint(0, 5, (n,), generator=g))
-        for _ in range(steps)
-    ]
-
-
 def _engine_steps(batches, accumulate=1, clip=None, scaler_enabled=False, adaptive=True):
     from addernet import AdaptiveLR
     from addernet.engine.loop import LossWatch
     from addernet.engine.meters import MetricSums
     from addernet.engine.step import Stepper
 
-    model = _small_net()
+    model = small_adder_net()
     cfg = compose(LENET)
     task = build_task(model, cfg)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
@@ -136,7 +130,7 @@ def _reference_steps(batches, clip=None):
 
     from addernet import Adder2d
 
-    model = _small_net()
+    model = small_adder_net()
     adder = {id(m.weight) for m in model.modules() if isinstance(m, Adder2d)}
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
     for x, y in batches:
@@ -161,7 +155,7 @@ def _assert_same_weights(a, b, rtol=1e-6):
 
 @pytest.mark.parametrize("accumulate", [1, 3])
 def test_accumulated_micro_batches_give_the_whole_batch_update(accumulate):
-    batches = _batches(n=7)  # 7 samples in 3 micro-batches: 3 + 2 + 2 (uneven shares are weighted)
+    batches = small_batches(7)  # 7 samples in 3 micro-batches: 3 + 2 + 2 (uneven shares are weighted)
     model, sums = _engine_steps(batches, accumulate=accumulate)
     _assert_same_weights(model, _reference_steps(batches))
     assert sums["n"] == 14
@@ -169,7 +163,7 @@ def test_accumulated_micro_batches_give_the_whole_batch_update(accumulate):
 
 @pytest.mark.parametrize("scaler_enabled", [False, True])
 def test_clip_grad_norm_clips_the_unscaled_non_adder_gradients(scaler_enabled):
-    batches = _batches(n=6)
+    batches = small_batches(6)
     clipped = _reference_steps(batches, clip=0.05)
     plain = _reference_steps(batches)
     assert not torch.allclose(clipped.fc.weight, plain.fc.weight)  # the bound is active on this data
@@ -182,13 +176,11 @@ def test_clip_grad_norm_clips_the_unscaled_non_adder_gradients(scaler_enabled):
 def test_ddp_accumulation_all_reduces_once_per_step_and_equals_the_whole_batch(tmp_path):
     proc = torchrun([TESTS / "ddp_options_worker.py", tmp_path, 2], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from ddp_options_worker import batches
-
-    reference = _reference_steps(batches())
+    reference = _reference_steps(small_batches(8))
     for rank in range(2):
         result = torch.load(tmp_path / f"rank{rank}.pt", weights_only=True)
         assert result["allreduces"] == 2  # 2 steps x 2 micro-batches: only each step's last one all-reduces
-        model = _small_net()
+        model = small_adder_net()
         model.load_state_dict(result["state"])
         _assert_same_weights(model, reference)
 
@@ -450,7 +442,7 @@ def test_mixed_batches_train_on_soft_targets_and_count_top1_against_the_dominant
     from addernet.engine.step import Stepper
 
     cfg = compose(LENET + ["data.num_classes=5", *mix])
-    model = _small_net().float()
+    model = small_adder_net().float()
     task = build_task(model, cfg).train()
     before = copy.deepcopy(model)
     x, y = torch.randn(8, 3, 8, 8, generator=torch.Generator().manual_seed(5)), torch.arange(8) % 5

@@ -8,12 +8,13 @@ block.  Written this way Triton's layout gives every thread a register tile, so 
 over the reduction (input channel c at kernel tap i, j) is RM + RN loads and 2*RM*RN FADDs
 (x - w, then acc + |.| with the abs folded into the add): the rank-1 update of a CUDA-core GEMM.
 Which dim order gets lanes on TM / TN depends on how Triton's layout passes break ties between
-dims of equal contiguity (the pixel loads have none provable): Triton 3.8 wants the lane dims
-last, [RN, RM, TN, TM]; 3.6 wants them first, [TM, TN, RM, RN], and with the other order
-spills and moves every input-gradient step through shared memory (3.7, not checked, is
-treated like 3.8).  Both orders are compiled
-and checked offline on sm_90 SASS by scripts/triton_sass_report.py (one layout, no spills, no
-shared-memory round trip in the loop for the TN == 1 tiles).
+dims of equal contiguity (the pixel loads have none provable), so the block's dim order follows
+the installed Triton (LANES_FIRST below): from 3.7 on the lane dims come last, [RN, RM, TN, TM]
+(checked on 3.8; 3.7 is not checked); before 3.7 they come first, [TM, TN, RM, RN], for the
+TN == 1 tiles (checked on 3.6, where the other order spills and moves every input-gradient step
+through shared memory).  Both orders are compiled and checked offline on sm_90 SASS by
+scripts/triton_sass_report.py (one layout, no spills, no shared-memory round trip in the loop
+for the TN == 1 tiles).
 
 Padding is handled without masked loads in the loop: addresses are clamped into the image
 and the loaded value replaced by 0 outside it (zero padding counts as x = 0).
@@ -245,7 +246,7 @@ def _triton_version():
 
 
 # Lane dims first before Triton 3.7 (checked on 3.6; see the module docstring), for TN == 1 tiles only:
-# the 2-D tiles compile better in the other order there (the forward without spills).
+# on that version the 2-D tiles compile better in the other order (the forward without spills).
 LANES_FIRST = triton is not None and _triton_version() < (3, 7)
 
 
