@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from .. import distributed as dist
+from ..analysis.interval import accuracy_interval, correct_count
 from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, open_checkpoint, read_checkpoint
 from ..checkpoint.official import load_official
 from ..config import config_dir
@@ -305,14 +306,33 @@ def evaluate_checkpoint(cfg, overrides):
     return {**{k: result[k] for k in RESULT_KEYS}, "weights": weights, **({"quant": quant} if quant else {})}
 
 
+def with_intervals(result):
+    """``result`` with the correct counts and the 95% Wilson score intervals (in percent) of top-1 and top-5:
+    "top1_correct", "top1_ci95": [low, high], the same for top5 (addernet/analysis/interval.py)."""
+    out = dict(result)
+    if result.get("n"):
+        for k in ("top1", "top5"):
+            out[f"{k}_correct"] = correct_count(result[k], result["n"])
+            out[f"{k}_ci95"] = accuracy_interval(result[k], result["n"])
+    return out
+
+
 def report(result, results_file):
     """Human-readable summary, then the JSON line (last line printed); also written to results_file.
 
-    A non-finite loss (a diverged model) is written as null: the line stays strict JSON.
+    The accuracies carry their counts and 95% Wilson intervals (with_intervals). A non-finite loss (a
+    diverged model) is written as null: the line stays strict JSON.
     """
+    result = with_intervals(result)
+    ci = {
+        k: f" [{result[k + '_ci95'][0]:.2f}, {result[k + '_ci95'][1]:.2f}] ({result[k + '_correct']}/{result['n']})"
+        if k + "_ci95" in result
+        else ""
+        for k in ("top1", "top5")
+    }
     print(
-        f"top-1 {result['top1']:.2f}% | top-5 {result['top5']:.2f}% | loss {result['loss']:.4f} | "
-        f"n {result['n']} | {result['images_per_s']:.1f} images/s"
+        f"top-1 {result['top1']:.2f}%{ci['top1']} | top-5 {result['top5']:.2f}%{ci['top5']} | "
+        f"loss {result['loss']:.4f} | n {result['n']} | {result['images_per_s']:.1f} images/s (95% Wilson intervals)"
     )
     line = json_line(result)
     if results_file:
