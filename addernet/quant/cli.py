@@ -2,7 +2,9 @@
 
 Calibration images: a seeded random subset of quant.calib_images images of the data config's
 *training* split, in a fixed random order (an ImageFolder is sorted by class; class-sorted batches
-would bias the BatchNorm estimates). The activation ranges are taken with the *validation*
+would bias the BatchNorm estimates). The random augmentation of image i is seeded by (quant.seed, i)
+(SeededSubset), so the calibrated model is the same whatever data.num_workers, the process that loads
+an image, or the order of the batches. The activation ranges are taken with the *validation*
 transform (no augmentation, ours; quant.calib_augment=true for the code's augmented batches);
 BatchNorm is re-estimated on the same images *with* the training augmentation
 (quant.bn_augment=true, as the code): measured on the official ResNet-20, re-estimating it on
@@ -29,6 +31,24 @@ SETTINGS = (
     "bn_momentum",
     "seed",
 )
+
+
+class SeededSubset(Subset):
+    """``Subset(dataset, indices)`` whose item j is transformed under torch's RNG seeded by (seed, indices[j]):
+    a random augmentation then depends on the image and the seed only, not on the loader worker that reads it
+    (each worker has its own random stream) or on what was read before. The caller's RNG state is kept."""
+
+    def __init__(self, dataset, indices, seed):
+        super().__init__(dataset, indices)
+        self.seed = int(seed)
+
+    def __getitem__(self, j):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed((self.seed * 1_000_003 + int(self.indices[j])) % 2**63)
+            return self.dataset[self.indices[j]]
+
+    def __getitems__(self, js):  # the DataLoader's batched fetch: the same per-image seeding
+        return [self[j] for j in js]
 
 
 def calibration_loader(cfg, augment=None):
@@ -60,7 +80,8 @@ def calibration_loader(cfg, augment=None):
         n -= 1  # a last batch of one image: BatchNorm in training mode cannot use it, so it is left out
     pick = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(int(q.seed)))[:n]
     data_cfg = OmegaConf.merge(cfg.data, {"batch_size": int(q.calib_batch_size), "pin_memory": False})
-    return build_loader(data_cfg, "val", Subset(dataset, pick.tolist()))  # random order: batches mix classes
+    # random order: batches mix classes; augmentation seeded per image
+    return build_loader(data_cfg, "val", SeededSubset(dataset, pick.tolist(), q.seed))
 
 
 def settings(cfg, n_images):
@@ -97,7 +118,6 @@ def quantize_for_eval(model, cfg, device=None):
     check_quant_config(q)
     loader = calibration_loader(cfg)
     bn_loader = calibration_loader(cfg, augment=bool(q.bn_augment)) if q.bn_recalib else None
-    torch.manual_seed(int(q.seed))  # the augmentation draws from the global RNG (num_workers=0)
     progress = bool(cfg.trainer.progress)
     quantize_model(model, loader, q, bn_loader, progress=progress)
     info = {**settings(cfg, len(loader.dataset)), "floored_layers": quant_summary(model, floor)["floored_layers"]}
