@@ -241,11 +241,14 @@ class Quant:
     calib_images: int = 25600  # training images for the activation ranges and the BN re-estimation
     calib_batch_size: int = 128  # calibration batch (the per-batch quantile depends on it)
     calib_augment: bool = False  # activation ranges on augmented (true) or validation-transformed images
+    act_range: str = "quantile"  # quantile: A = max over batches of a per-batch quantile | mse: least squared error
     act_quantile: float = 0.9994  # quantile of |x| per batch; A = max over batches
     act_range_floor: float = 0.001  # A is at least this
+    weight_grid: str = "signed"  # signed: weights in [-A, A], b-bit signed | unsigned: in [0, A] on the activation grid
     bn_recalib: bool = True  # re-estimate BatchNorm with the quantised model
     bn_augment: bool = True  # ... on the calibration images with the training augmentation
     bn_momentum: Optional[float] = None  # null: exact average over the calibration batches | EMA momentum
+    bn_method: str = "reestimate"  # reestimate (the quantised model's) | shift, shift_scale (the float's, corrected)
     kernel: str = "auto"  # auto | int | fake
     runtime: str = "auto"  # auto | integer | layers
     seed: int = 0  # calibration subset (and kmeans_sklearn)

@@ -29,7 +29,7 @@ from ..data import build_loader, check_classes, take_skipped
 from ..errors import ConfigError
 from ..models import model_from_config, model_label
 from ..ops import Adder2d
-from ..quant import inference_model, is_quantized_state, prepare_quantized, quantize_for_eval
+from ..quant import check_quant_settings, inference_model, is_quantized_state, prepare_quantized, quantize_for_eval
 from .config import check_eval_config, check_stored_model, device_type
 from .ema import ema_weights
 from .evaluate import evaluate
@@ -239,6 +239,7 @@ def stored_model(cfg, overrides, entry="test"):
             f"no checkpoint given: python {entry}.py checkpoint=PATH (a run's checkpoints/best.pt or "
             f"an official ResNet20-AdderNet.pth / ResNet50-AdderNet.pth)"
         )
+    check_quant_settings(cfg.quant)  # every quant.* value, before any work
     path = str(cfg.checkpoint)
     state, stored, kind, classes = open_checkpoint(
         path, model_name=(cfg.get("model") or {}).get("name") or OFFICIAL_CHOICES["model"]
@@ -289,12 +290,12 @@ def evaluate_checkpoint(cfg, overrides):
             f"{'ema (the weight average)' if cfg.ema else 'model'}",
             flush=True,
         )
-    bar = tqdm(
-        loader, desc="test", unit="batch", disable=not (dist.is_main() and cfg.trainer.progress), file=sys.stderr
-    )
     model, quant = quantize_for_eval(model, cfg, device)  # no-op unless quant.bits or a quantised checkpoint
     if quant:  # the integer network on CPU where it applies (docs/quantization.md), else the quantised layers
         model, quant["runtime"] = inference_model(model, cfg.quant.runtime, device)
+    bar = tqdm(  # after calibration: its errors never share a line with this bar
+        loader, desc="test", unit="batch", disable=not (dist.is_main() and cfg.trainer.progress), file=sys.stderr
+    )
     result = evaluate(model, bar, device, amp=cfg.trainer.amp, channels_last=bool(cfg.trainer.channels_last))
     skipped = take_skipped(loader)
     if skipped:

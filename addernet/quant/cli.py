@@ -11,6 +11,8 @@ BatchNorm is re-estimated on the same images *with* the training augmentation
 un-augmented images costs about 2 points at 8 bits (docs/quantization.md).
 """
 
+import logging
+
 import torch
 from omegaconf import OmegaConf
 from torch.utils.data import Subset
@@ -19,14 +21,19 @@ from ..data import DataError, build_dataset, build_loader, build_transform
 from ..errors import ConfigError
 from .convert import check_quant_config, quant_summary, quantize_model
 
+log = logging.getLogger("addernet.quant")
+
 SETTINGS = (
     "bits",
     "groups",
     "grouping",
     "calib_images",
     "calib_augment",
+    "act_range",
     "act_quantile",
+    "weight_grid",
     "bn_recalib",
+    "bn_method",
     "bn_augment",
     "bn_momentum",
     "seed",
@@ -51,9 +58,11 @@ class SeededSubset(Subset):
         return [self[j] for j in js]
 
 
-def calibration_loader(cfg, augment=None):
+def calibration_loader(cfg, augment=None, quiet=False):
     """Loader over the calibration images of cfg.data's training split (see the module docstring);
-    with the training augmentation when `augment` (default: quant.calib_augment)."""
+    with the training augmentation when `augment` (default: quant.calib_augment). Asking for more images
+    than the split holds is a one-line warning naming the count used (unless ``quiet``: a second loader
+    over the same images)."""
     q = cfg.quant
     try:
         dataset = build_dataset(cfg.data, "train")
@@ -70,6 +79,15 @@ def calibration_loader(cfg, augment=None):
     if not (q.calib_augment if augment is None else augment):
         dataset.transform = build_transform(cfg.data, "val")
     n, batch = min(int(q.calib_images), len(dataset)), int(q.calib_batch_size)
+    if int(q.calib_images) > len(dataset) and not quiet:
+        used = n - (n % batch == 1 and n > 1)
+        log.warning(
+            "quant.calib_images=%d is more than the %d images of the training split of data=%s: calibrating on %d",
+            q.calib_images,
+            len(dataset),
+            cfg.data.name,
+            used,
+        )
     if q.bn_recalib and (n == 1 or batch == 1):
         raise ConfigError(
             f"quant.calib_images={q.calib_images} and quant.calib_batch_size={batch} (training split: "
@@ -117,7 +135,8 @@ def quantize_for_eval(model, cfg, device=None):
         return model, None
     check_quant_config(q)
     loader = calibration_loader(cfg)
-    bn_loader = calibration_loader(cfg, augment=bool(q.bn_augment)) if q.bn_recalib else None
+    reestimate = q.bn_recalib and q.bn_method == "reestimate"
+    bn_loader = calibration_loader(cfg, augment=bool(q.bn_augment), quiet=True) if reestimate else None
     progress = bool(cfg.trainer.progress)
     quantize_model(model, loader, q, bn_loader, progress=progress)
     info = {**settings(cfg, len(loader.dataset)), "floored_layers": quant_summary(model, floor)["floored_layers"]}
