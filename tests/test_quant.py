@@ -325,3 +325,17 @@ def test_a_quantised_file_from_before_the_unsigned_grid_loads_as_the_signed_grid
     with torch.no_grad():
         assert torch.equal(loaded(x), model(x))
     assert {m.grid for m in loaded.modules() if isinstance(m, QAdder2d)} == {"signed"}
+
+
+def test_qadder_gives_nan_for_non_finite_inputs_only_and_not_for_huge_finite_ones():
+    """A sample holding NaN or inf gives NaN; one whose finite values sum beyond float32 (3e38 each) is clipped
+    to the top level like any value above the range, and stays finite."""
+    g = torch.Generator().manual_seed(0)
+    q = quantize_layer(Adder2d(4, 6, 3, padding=1), act_range=1.0, bits=8, n_groups=2)
+    x = torch.rand(4, 4, 5, 5, generator=g)
+    x[1] = 3e38
+    x[2, 0, 0, 0] = float("nan")
+    x[3, 1, 2, 2], x[3, 2, 2, 2] = float("inf"), float("-inf")
+    y = q(x)
+    assert torch.isfinite(y[:2]).all() and torch.isnan(y[2:]).all()
+    torch.testing.assert_close(y[1], q(torch.ones(1, 4, 5, 5))[0])  # clipped at the range, as 1.0 is

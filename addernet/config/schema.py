@@ -238,17 +238,17 @@ class Quant:
     bits: Optional[int] = None  # null: float model | 2..16 bits for weights and activations
     groups: int = 4  # groups of filters per layer with their own shared scale
     grouping: str = "kmeans"  # kmeans (exact 1-D, deterministic) | kmeans_sklearn (k-means++, seeded)
-    calib_images: int = 25600  # training images for the activation ranges and the BN re-estimation
+    calib_images: int = 25600  # training images for the activation ranges and the BatchNorm correction
     calib_batch_size: int = 128  # calibration batch (the per-batch quantile depends on it)
     calib_augment: bool = False  # activation ranges on augmented (true) or validation-transformed images
-    act_range: str = "quantile"  # quantile: A = max over batches of a per-batch quantile | mse: least squared error
+    act_range: str = "output"  # output: the candidate of least layer-output error | quantile | mse
     act_quantile: float = 0.9994  # quantile of |x| per batch; A = max over batches
     act_range_floor: float = 0.001  # A is at least this
-    weight_grid: str = "signed"  # signed: weights in [-A, A], b-bit signed | unsigned: in [0, A] on the activation grid
-    bn_recalib: bool = True  # re-estimate BatchNorm with the quantised model
-    bn_augment: bool = True  # ... on the calibration images with the training augmentation
+    weight_grid: str = "unsigned"  # unsigned: weights in [0, A] on the activation grid | signed: in [-A, A]
+    bn_recalib: bool = True  # correct BatchNorm for the quantised model (quant.bn_method)
+    bn_augment: bool = True  # bn_method=reestimate: on the calibration images with the training augmentation
     bn_momentum: Optional[float] = None  # null: exact average over the calibration batches | EMA momentum
-    bn_method: str = "reestimate"  # reestimate (the quantised model's) | shift, shift_scale (the float's, corrected)
+    bn_method: str = "shift_scale"  # reestimate (the quantised model's) | shift, shift_scale (the float's, corrected)
     kernel: str = "auto"  # auto | int | fake
     runtime: str = "auto"  # auto | integer | layers
     seed: int = 0  # calibration subset (and kmeans_sklearn)

@@ -53,25 +53,61 @@ def stage(desc, loader, what, on="", total=None, progress=True, announce=True):
     log.info("%s: %s done, %d image(s) in %.1f s", desc, what, seen[0], time.perf_counter() - start)
 
 
+class Replay:
+    """``loader``'s batches: read from the loader the first time, replayed from memory afterwards (a second
+    calibration pass over the same images need not decode them again), as long as they fit in ``budget``
+    bytes; beyond it they are read again each time. The loader's order and per-image augmentation are fixed
+    (cli.calibration_loader), so a replayed pass sees exactly what a second reading would."""
+
+    def __init__(self, loader, budget=1 << 29):
+        self.loader, self.budget, self.kept = loader, budget, None
+        self.dataset = getattr(loader, "dataset", None)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        if self.kept is not None:
+            yield from self.kept
+            return
+        kept, size = [], 0
+        for batch in iter_from(self.loader):
+            if kept is not None:
+                size += sum(t.numel() * t.element_size() for t in batch if torch.is_tensor(t))
+                if size <= self.budget:
+                    kept.append(batch)
+                else:
+                    kept = None
+            yield batch
+        self.kept = kept
+
+
 @torch.no_grad()
-def activation_ranges(model, loader, quantile, floor=1e-3, progress=True, on="", bn_moments=None, mse_bits=None):
+def activation_ranges(
+    model, loader, quantile, floor=1e-3, progress=True, on="", bn_moments=None, mse_bits=None, inputs=None
+):
     """{adder layer name: A} from an eval-mode float forward pass over `loader` (BN running statistics);
     a tqdm bar (``progress``) counts the batches; ``on``: said of the images in the stage's start line.
+    ``quantile``: a number, or a tuple of them for a tuple of ranges per layer (one pass for all).
     ``bn_moments``: a list that gets, per batch, {BatchNorm name: channel (mean, variance) of its input} (shift_bn).
     ``mse_bits``: None for the quantile range (the module docstring); b for the range of least squared
-    quantisation error at b bits (mse_range) over a strided sample of every batch's inputs."""
+    quantisation error at b bits (mse_range) over a strided sample of every batch's inputs.
+    ``inputs``: a dict that gets {adder layer name: its input in the first batch}."""
     ranges, negative, hooks, samples = {}, [], [], {}
+    qs = quantile if isinstance(quantile, tuple) else (quantile,)
 
     def hook(name):
         def observe(module, args):
             a = args[0].detach().abs().flatten()
+            if inputs is not None and name not in inputs:
+                inputs[name] = args[0].detach().clone()
             if mse_bits is not None:
                 samples.setdefault(name, []).append(a[:: max(1, a.numel() // SAMPLE_PER_BATCH)].float().cpu())
             else:
-                k = min(a.numel(), max(1, math.ceil(quantile * a.numel())))
-                # the k-th smallest |x|: from the top n - k + 1 values (fewer to sort than kthvalue's whole tensor)
-                top = a.topk(a.numel() - k + 1, sorted=False).values.min() if k < a.numel() else a.max()
-                ranges[name] = max(ranges.get(name, floor), top.item())
+                ks = [min(a.numel(), max(1, math.ceil(q * a.numel()))) for q in qs]
+                top = largest(a, a.numel() - min(ks) + 1)  # the k-th smallest |x| is the (n - k + 1)-th largest
+                old = ranges.get(name, (floor,) * len(qs))
+                ranges[name] = tuple(max(o, top[a.numel() - k].item()) for o, k in zip(old, ks))
             if name not in negative and bool((args[0] < 0).any()):
                 negative.append(name)
 
@@ -107,7 +143,9 @@ def activation_ranges(model, loader, quantile, floor=1e-3, progress=True, on="",
         model.train(was_training)
     for name, parts in samples.items():
         ranges[name] = max(floor, mse_range(torch.cat(parts), mse_bits))
-    floored = floored_layers(ranges, floor)
+    if not isinstance(quantile, tuple) and mse_bits is None:
+        ranges = {name: r[0] for name, r in ranges.items()}
+    floored = floored_layers({n: max(r) if isinstance(r, tuple) else r for n, r in ranges.items()}, floor)
     if floored:
         listed = ", ".join(floored[:4]) + (", ..." if len(floored) > 4 else "")
         warnings.warn(
@@ -182,9 +220,32 @@ def recalibrate_bn(
 
 
 def channel_moments(x):
-    """(mean, variance) of every channel of a (N, C, ...) tensor, in float64 (the variance over N x H x W, biased)."""
-    flat = x.detach().double().transpose(0, 1).flatten(1)
-    return flat.mean(1), flat.var(1, unbiased=False)
+    """(mean, variance) of every channel of a (N, C, ...) tensor (the variance over N x H x W, biased), in float64.
+
+    The shifted-data algorithm: one value of each channel is subtracted first, so the sums are of deviations of
+    the size of the spread, not of the values (adder outputs of ~1e4 with a spread of ~1e2 keep their digits);
+    the sums run along contiguous rows in the tensor's precision and are added up in float64."""
+    n, c = x.shape[:2]
+    y = x.detach().reshape(n, c, -1)
+    ref = y[:1, :, :1].clone()
+    z = y - ref
+    count = n * y.shape[-1]
+    mean = z.sum(-1).double().sum(0) / count
+    var = torch.linalg.vector_norm(z, dim=-1).double().square().sum(0) / count - mean * mean
+    return mean + ref.flatten().double(), var.clamp(min=0)
+
+
+def largest(a, count):
+    """The ``count`` largest values of the 1-D tensor ``a``, in descending order (torch.topk), exactly; the values
+    below a threshold taken from a strided sample are left out first (the rare tail of a layer's inputs is
+    all that is sorted), unless fewer than ``count`` lie above it."""
+    if count * 64 < a.numel():
+        sample = a[:: max(1, a.numel() // 65536)]
+        t = sample.topk(min(sample.numel(), math.ceil(4 * count * sample.numel() / a.numel()) + 1)).values[-1]
+        above = a[a >= t]
+        if above.numel() >= count:
+            return above.topk(count).values
+    return a.topk(count).values
 
 
 @torch.no_grad()
@@ -239,7 +300,8 @@ def shift_bn(model, loader, float_moments, scale=False, progress=True, on=""):
         for name, m in bns.items():
             shift, var_q, var_f = sums[name]
             m.running_mean.copy_(mean0[name] + (shift / max(seen[0], 1)).to(mean0[name].dtype))
-            m.running_var.copy_(var0[name] * (_ratio(var_q, var_f) if scale else 1).to(var0[name].dtype))
+            if scale:
+                m.running_var.copy_(var0[name] * _ratio(var_q, var_f).to(var0[name].dtype))
     return model
 
 

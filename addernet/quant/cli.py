@@ -51,7 +51,8 @@ class SeededSubset(Subset):
 
     def __getitem__(self, j):
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed((self.seed * 1_000_003 + int(self.indices[j])) % 2**63)
+            # the CPU generator alone (torch.manual_seed also queues a seed for every accelerator, at a cost)
+            torch.random.default_generator.manual_seed((self.seed * 1_000_003 + int(self.indices[j])) % 2**63)
             return self.dataset[self.indices[j]]
 
     def __getitems__(self, js):  # the DataLoader's batched fetch: the same per-image seeding

@@ -7,18 +7,23 @@
 Everything else (stem convolution, classifier, BatchNorm, pooling) stays float, as in the code.
 """
 
+import logging
 import math
+import time
 
 import torch
+from tqdm import tqdm
 
 from ..checks import choice, number
 from ..errors import CheckpointError, ConfigError
 from ..models import AdderAttention
 from ..ops import Adder2d, AdderLinear
-from .calibration import activation_ranges, floored_layers, recalibrate_bn, shift_bn
+from .calibration import Replay, activation_ranges, floored_layers, recalibrate_bn, shift_bn
 from .grouping import METHODS, group_filters
 from .qadder import KERNELS, QAdder2d
 from .quantizer import GRIDS, clamp_weight, grid_step, group_scales, quantize_weight, weight_dtype
+
+log = logging.getLogger("addernet.quant")
 
 
 def check_supported(model, what):
@@ -40,7 +45,7 @@ def check_supported(model, what):
 
 RUNTIMES = ("auto", "integer", "layers")
 BN_METHODS = ("reestimate", "shift", "shift_scale")
-ACT_RANGES = ("quantile", "mse")
+ACT_RANGES = ("quantile", "output", "mse")
 
 
 def check_quant_settings(q):
@@ -107,6 +112,24 @@ def quantize_layer(adder, act_range, bits, n_groups, grouping="kmeans", seed=0, 
     return q
 
 
+# act_range=output: the candidate ranges, each the max over batches of a per-batch quantile of |x|
+OUTPUT_QUANTILES = (0.999, 0.9994, 0.9997, 0.9999, 0.99997, 1.0)
+
+
+@torch.no_grad()
+def output_range(adder, candidates, x, settings):
+    """The range among ``candidates`` whose quantised layer (``settings``: quantize_layer's bits, groups, grouping,
+    seed, kernel, grid) is closest to the float layer ``adder`` on its calibration input ``x``: the least mean,
+    over the output channels, of the variance of the error (its per-channel mean is what the BatchNorm correction
+    removes). Ours: the layer-wise output criterion of post-training quantisation (e.g. Nagel et al. 2021)."""
+    y = adder(x)
+    scores = []
+    for a in candidates:
+        e = (quantize_layer(adder, a, *settings)(x) - y).double()
+        scores.append(float(e.transpose(0, 1).flatten(1).var(1, unbiased=False).mean()))
+    return candidates[min(range(len(candidates)), key=scores.__getitem__)]
+
+
 def quantize_model(model, loader, cfg, bn_loader=None, progress=True):
     """Quantise every Adder2d of `model` in place (returned) with the quant config `cfg`: activation ranges
     from `loader`, BatchNorm re-estimated (quant.bn_recalib) over `bn_loader` (default: `loader`);
@@ -128,24 +151,36 @@ def quantize_model(model, loader, cfg, bn_loader=None, progress=True):
     how = {True: "augmented training images", False: "training images, validation transform"}
     shift = bool(cfg.bn_recalib) and cfg.bn_method in ("shift", "shift_scale")
     float_moments = [] if shift else None
+    first = {} if cfg.act_range == "output" else None
+    loader = Replay(loader) if shift else loader  # read twice: the ranges, then the BatchNorm shift
     try:
         ranges = activation_ranges(
             model,
             loader,
-            float(cfg.act_quantile),
+            OUTPUT_QUANTILES if cfg.act_range == "output" else float(cfg.act_quantile),
             float(cfg.act_range_floor),
             progress,
             on=f" on {how[bool(cfg.calib_augment)]}",
             bn_moments=float_moments,
             mse_bits=int(cfg.bits) if cfg.act_range == "mse" else None,
+            inputs=first,
         )
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    for name, m in layers:
-        q = quantize_layer(
-            m, ranges[name], int(cfg.bits), int(cfg.groups), cfg.grouping, int(cfg.seed), cfg.kernel, cfg.weight_grid
+    settings = (int(cfg.bits), int(cfg.groups), cfg.grouping, int(cfg.seed), cfg.kernel, cfg.weight_grid)
+    if first is not None:
+        start, images = time.perf_counter(), len(next(iter(first.values())))
+        log.info(
+            "calibration: activation range of %d adder layer(s), the best of %d candidates each on %d image(s) ...",
+            len(layers),
+            len(OUTPUT_QUANTILES),
+            images,
         )
-        replace_module(model, name, q)
+        chosen = tqdm(layers, desc="activation ranges", unit="layer", disable=not progress, leave=False)
+        ranges = {name: output_range(m, ranges[name], first[name], settings) for name, m in chosen}
+        log.info("calibration: activation ranges chosen in %.1f s", time.perf_counter() - start)
+    for name, m in layers:
+        replace_module(model, name, quantize_layer(m, ranges[name], *settings))
     if shift:
         on = f" on the same {how[bool(cfg.calib_augment)]}"
         shift_bn(model, loader, float_moments, cfg.bn_method == "shift_scale", progress, on)

@@ -39,7 +39,9 @@ def _int_kernel():
 
 def nan_where_not_finite(x, y):
     """`y` with NaN in every sample (first dimension) whose input `x` holds a NaN or an infinity."""
-    bad = ~torch.isfinite(x).flatten(1).all(1)
+    bad = ~torch.isfinite(x.flatten(1).sum(1))  # a NaN or an infinity makes the sum one (a fast first look) ...
+    if bool(bad.any()):  # ... as may an overflow of large finite values: those samples are looked at in full
+        bad[bad.clone()] = ~torch.isfinite(x[bad].flatten(1)).all(1)
     return torch.where(bad.view(-1, *[1] * (y.dim() - 1)), torch.nan, y) if bool(bad.any()) else y
 
 
