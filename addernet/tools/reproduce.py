@@ -47,6 +47,7 @@ PAPER_TOP1 = 91.84  # Chen et al., CVPR 2020, Table 3: AdderNet ResNet-20, CIFAR
 # AdderQuant (Nie et al., NeurIPS 2022), ResNet-20 CIFAR-10 post-training quantisation, from the paper's 91.84
 ADDERQUANT_TOP1 = {8: 91.36, 6: 91.21, 5: 90.86, 4: 90.27}
 DEFAULT_CHECKPOINT = "../shared/official/ResNet20-AdderNet.pth"
+ONNX_BATCH = 16  # images per onnxruntime call: bounds its memory (evaluate_onnx)
 COLUMNS = (
     "setting",
     "bits",
@@ -113,7 +114,11 @@ def evaluate_onnx(overrides, path):
     data_cfg = OmegaConf.merge(cfg.data, {"pin_memory": False})
     correct1 = correct5 = n = 0
     for images, target in build_loader(data_cfg, "val"):
-        logits = torch.from_numpy(session.run(None, {"images": images.numpy()})[0])
+        # onnxruntime materialises each adder layer's N x O x K x L difference tensor, in float32 and again in
+        # float64 for the sum (ResNet-20's first stage: 16 x 144 x 1024 per image, 28 MB), so the loader's
+        # batch goes through in slices of ONNX_BATCH images
+        chunks = torch.split(images, ONNX_BATCH)
+        logits = torch.cat([torch.from_numpy(session.run(None, {"images": c.numpy()})[0]) for c in chunks])
         top5 = logits.topk(min(5, logits.shape[1]), 1).indices
         correct1 += int((top5[:, 0] == target).sum())
         correct5 += int((top5 == target[:, None]).any(1).sum())
