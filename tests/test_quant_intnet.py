@@ -27,7 +27,7 @@ def _images(n, seed):
 
 @functools.cache  # built once per bit width for this module's tests, which only read it
 @torch.no_grad()
-def _quantised_resnet20(bits, groups=4):
+def _quantised_resnet20(bits, grid="unsigned", groups=4):
     """A ResNet-20 with BatchNorm statistics from its own activations, filters spread over a wide range of
     max|w| (so groups get different scales), quantised on 16 images (one calibration batch)."""
     torch.manual_seed(0)
@@ -41,7 +41,8 @@ def _quantised_resnet20(bits, groups=4):
     model(_images(32, 0))
     model.eval()
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(_images(16, 1), torch.zeros(16)), batch_size=16)
-    return quantize_model(model, loader, OmegaConf.merge(QUANT_DEFAULTS, {"bits": bits, "groups": groups}))
+    settings = {"bits": bits, "groups": groups, "weight_grid": grid}
+    return quantize_model(model, loader, OmegaConf.merge(QUANT_DEFAULTS, settings))
 
 
 def _bn64(bn, y):
@@ -50,7 +51,8 @@ def _bn64(bn, y):
 
 
 def _qlayer64(q, x):
-    """-(s_o/(2^b-1)) sum|q_a - 2 q_w| + beta per filter, q_a = clip(round(x (2^b-1)/s_o)), in float64."""
+    """-(s_o/(2^b-1)) sum|q_a - v| + beta per filter, q_a = clip(round(x (2^b-1)/s_o)), v = weight_step * q_w (2 q_w on
+    the signed grid, q_w on the unsigned one), in float64."""
     lv, s = levels(int(q.bits)), q.scale[q.group].double()
     ho = (x.shape[2] + 2 * q.padding[0] - q.kernel_size[0]) // q.stride[0] + 1
     y = torch.empty(x.shape[0], ho * ho, q.out_channels, dtype=torch.float64)
@@ -58,7 +60,7 @@ def _qlayer64(q, x):
         members = (s == scale).nonzero().flatten()
         a = (x * (lv / scale)).round().clamp(0, lv)
         cols = F.unfold(a, q.kernel_size, padding=q.padding, stride=q.stride).transpose(1, 2)
-        w = 2 * q.qweight[members].double().flatten(1)
+        w = int(q.weight_step) * q.qweight[members].double().flatten(1)
         y[:, :, members] = -(scale / lv) * torch.cdist(cols, w.expand(x.shape[0], -1, -1), p=1)
     return (y + q.bias_term.double()).transpose(1, 2).reshape(x.shape[0], q.out_channels, ho, -1)
 
@@ -84,9 +86,9 @@ def _rel(a, b):
     return ((a.double() - b.double()).abs().max(1).values / b.double().abs().max(1).values).max().item()
 
 
-@pytest.fixture(scope="module", params=[8, 4, 12])
+@pytest.fixture(scope="module", params=[(8, "unsigned"), (4, "unsigned"), (12, "unsigned"), (4, "signed")])
 def quantised(request):
-    return _quantised_resnet20(request.param)
+    return _quantised_resnet20(*request.param)
 
 
 def test_groups_of_the_test_model_have_different_scales(quantised):
