@@ -3,6 +3,9 @@
 #
 #   scripts/reproduce.sh EXPERIMENT [hydra overrides...]    e.g. scripts/reproduce.sh cifar10_resnet20_adder data.root=/data
 #   scripts/reproduce.sh --list                             the presets (configs/experiment/) with their paper numbers
+#   scripts/reproduce.sh cifar10 [--data-root DIR] [...]    the CIFAR-10 ResNet-20 row from the official checkpoint: float,
+#                                                           8/6/5/4 bits and ONNX with 95% intervals, CSV + Markdown
+#                                                           (python -m addernet.tools.reproduce; --help for its options)
 #
 # RUN_DIR (default outputs/reproduce/EXPERIMENT) holds the run; re-running resumes it. NPROC=N trains with N
 # processes through scripts/dist_train.sh (torchrun). PYTHON (default python). The test result (last line,
@@ -15,6 +18,9 @@ if [[ "${1:-}" == "--list" ]]; then
     printf '%-28s %s\n' "$(basename "$f" .yaml)" "$(sed -n '2s/^# *//p' "$f")"
   done
   exit 0
+fi
+if [[ "${1:-}" == "cifar10" ]]; then
+  exec "${PYTHON:-python}" -m addernet.tools.reproduce "$@"
 fi
 EXP=${1:-}
 if [[ -z "$EXP" || "$EXP" == -* ]]; then echo "$usage" >&2; exit 2; fi

@@ -639,7 +639,7 @@ def random_images(n, seed):
 
 @functools.cache  # built once per bit width and process, for tests that only read it
 @torch.no_grad()
-def quantised_resnet20(bits, groups=4):
+def quantised_resnet20(bits, grid="unsigned", groups=4):
     """A ResNet-20 with BatchNorm statistics from its own activations, filters spread over a wide range of
     max|w| (so groups get different scales), quantised on 16 images (one calibration batch)."""
     from addernet.models import build_model
@@ -658,7 +658,9 @@ def quantised_resnet20(bits, groups=4):
     model.eval()
     images = torch.utils.data.TensorDataset(random_images(16, 1), torch.zeros(16))
     return quantize_model(
-        model, torch.utils.data.DataLoader(images, batch_size=16), quant_cfg(bits=bits, groups=groups)
+        model,
+        torch.utils.data.DataLoader(images, batch_size=16),
+        quant_cfg(bits=bits, groups=groups, weight_grid=grid),
     )
 
 
@@ -668,7 +670,8 @@ def _bn64(bn, y):
 
 
 def _qlayer64(q, x):
-    """-(s_o/(2^b-1)) sum|q_a - 2 q_w| + beta per filter, q_a = clip(round(x (2^b-1)/s_o)), in float64."""
+    """-(s_o/(2^b-1)) sum|q_a - v| + beta per filter, q_a = clip(round(x (2^b-1)/s_o)), v = weight_step * q_w (2 q_w on
+    the signed grid, q_w on the unsigned one), in float64."""
     from addernet.quant.quantizer import levels
 
     lv, s = levels(int(q.bits)), q.scale[q.group].double()
@@ -678,7 +681,7 @@ def _qlayer64(q, x):
         members = (s == scale).nonzero().flatten()
         a = (x * (lv / scale)).round().clamp(0, lv)
         cols = F.unfold(a, q.kernel_size, padding=q.padding, stride=q.stride).transpose(1, 2)
-        w = 2 * q.qweight[members].double().flatten(1)
+        w = int(q.weight_step) * q.qweight[members].double().flatten(1)
         y[:, :, members] = -(scale / lv) * torch.cdist(cols, w.expand(x.shape[0], -1, -1), p=1)
     return (y + q.bias_term.double()).transpose(1, 2).reshape(x.shape[0], q.out_channels, ho, -1)
 

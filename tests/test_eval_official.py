@@ -62,7 +62,12 @@ def test_pinned_top1_on_the_shared_sample(official_run):
     summary, _ = _reference()
     out, written = official_run
     assert out == written  # results_file holds exactly the printed JSON line
-    assert set(out) == {"top1", "top5", "loss", "n", "images_per_s", "weights"} and out["weights"] == "model"
+    assert set(out) == {
+        *("top1", "top5", "loss", "n", "images_per_s", "weights"),
+        *("top1_correct", "top1_ci95", "top5_correct", "top5_ci95"),
+    }
+    assert out["weights"] == "model"
+    assert out["top1_correct"] == 795 and out["top5_correct"] == 984  # 79.5% and 98.4% of 1,000
     assert out["n"] == summary["n"] == 1000
     assert out["top1"] == pytest.approx(summary["top1"], abs=1e-9)
     assert out["top5"] == pytest.approx(summary["top5"], abs=1e-9)

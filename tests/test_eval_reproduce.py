@@ -1,5 +1,9 @@
-"""The reproduction kit: scripts/reproduce.sh trains any paper-table preset, then tests its best checkpoint."""
+"""The reproduction kit: scripts/reproduce.sh trains any paper-table preset, then tests its best checkpoint;
+scripts/reproduce.sh cifar10 evaluates the official ResNet-20 in float, quantised and ONNX with intervals."""
 
+import csv
+import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -7,8 +11,16 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
-from helpers import REPO
+from addernet.analysis.interval import wilson_interval
+from addernet.checkpoint import save_checkpoint
+from addernet.data import build_dataset
+from addernet.models import build_model
+from addernet.tools.reproduce import main as reproduce_main
+
+from helpers import CIFAR10_CLASSES, REPO, compose, write_jpeg_folder
 
 ALL_PRESETS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
 EXPERIMENTS = [p for p in ALL_PRESETS if p not in ("quickstart", "debug")]  # the paper-table rows
@@ -70,3 +82,52 @@ def test_eval_pretrained_usage_error():
     r = subprocess.run([str(REPO / "scripts" / "eval_pretrained.sh"), "nope"], capture_output=True, text=True)
     assert r.returncode == 2 and "usage:" in r.stderr
     assert subprocess.run(["bash", "-n", str(REPO / "scripts" / "eval_pretrained.sh")]).returncode == 0
+
+
+@pytest.mark.slow
+def test_the_cifar10_reproduction_writes_the_table_csv_and_intervals_on_a_tiny_subset(tmp_path, capsys):
+    """scripts/reproduce.sh cifar10 (addernet.tools.reproduce) on a 30 + 20 image folder and a random ResNet-20:
+    one CSV row per setting, the float row equal to the model's own predictions, Wilson intervals of the counts."""
+    root = tmp_path / "cifar"
+    write_jpeg_folder(root / "train", 3, CIFAR10_CLASSES)
+    write_jpeg_folder(root / "test", 2, CIFAR10_CLASSES, seed=1)
+    torch.manual_seed(0)
+    model = build_model("resnet20")
+    with torch.no_grad():  # BatchNorm statistics of its own activations, so every adder layer sees inputs
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.momentum = None
+        model.train()(torch.randn(16, 3, 32, 32))
+    checkpoint = tmp_path / "resnet20.pt"
+    cfg = compose(["model=resnet20", "data=cifar10_folder", f"data.root={root}"])
+    config = OmegaConf.to_container(cfg, resolve=True)
+    save_checkpoint({"format_version": 1, "model": model.state_dict(), "config": config, "epoch": 1}, checkpoint)
+    onnx = importlib.util.find_spec("onnx") and importlib.util.find_spec("onnxruntime")
+    out = tmp_path / "out"
+    args = ["cifar10", "--checkpoint", str(checkpoint), "--data-root", str(root), "--bits", "8,4", "--out", str(out)]
+    args += [*([] if onnx else ["--no-onnx"]), "quant.calib_images=16", "quant.calib_batch_size=8"]
+    reproduce_main([*args, "data.num_workers=0", "data.pin_memory=false", "trainer.progress=false"])
+    printed = capsys.readouterr().out
+
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    want = ["float", "8 bits", "4 bits", *(["ONNX (float, onnxruntime)"] if onnx else [])]
+    assert [r["setting"] for r in rows] == want
+    sha = hashlib.sha256(checkpoint.read_bytes()).hexdigest()
+    assert {r["checkpoint_sha256"] for r in rows} == {sha} and {r["n"] for r in rows} == {"20"}
+    dataset = build_dataset(cfg.data, "val")  # independently: the float model's predictions on the 20 images
+    images = torch.stack([dataset[i][0] for i in range(len(dataset))])
+    labels = torch.tensor([dataset[i][1] for i in range(len(dataset))])
+    with torch.no_grad():
+        correct = int((model.eval()(images).argmax(1) == labels).sum())
+    assert int(rows[0]["top1_correct"]) == correct
+    for r in rows:
+        k = int(r["top1_correct"])
+        assert float(r["top1"]) == pytest.approx(100 * k / 20)
+        low, high = wilson_interval(k, 20)
+        assert (float(r["top1_ci95_low"]), float(r["top1_ci95_high"])) == pytest.approx((100 * low, 100 * high))
+    assert [r["bits"] for r in rows[:3]] == ["", "8", "4"]
+    assert [round(float(r["adderquant_drop"]), 2) for r in rows[1:3]] == [-0.48, -1.57]
+    if onnx:  # the exported float model: the same predictions up to float rounding of near ties
+        assert abs(int(rows[-1]["top1_correct"]) - correct) <= 1
+    table = (out / "results.md").read_text()
+    assert "| float | 20 |" in table and "| 8 bits | 20 |" in table and table.strip() in printed

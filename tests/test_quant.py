@@ -30,36 +30,45 @@ from helpers import int_reference, quant_cfg
 # ---- quantiser identities ----------------------------------------------------------------------------------
 
 
-def test_weight_clamp_with_bias_is_exact_within_the_range_and_not_beyond():
+@pytest.mark.parametrize("grid", ["signed", "unsigned"])
+def test_weight_clamp_with_bias_is_exact_within_the_range_and_not_beyond(grid):
+    """signed: exact for x in [-A, A]; unsigned (weights in [0, A]): exact for x in [0, A], not for x < 0."""
     g = torch.Generator().manual_seed(0)
     a = 1.5
     w = torch.randn(6, 4, 3, 3, generator=g, dtype=torch.float64) * 3  # most |w| > A
-    clamped, beta = clamp_weight(w, a)
-    assert clamped.abs().max() <= a and (beta < 0).all()
+    clamped, beta = clamp_weight(w, a, grid)
+    assert clamped.max() <= a and clamped.min() >= (0 if grid == "unsigned" else -a) and (beta < 0).all()
+
+    def err(x):
+        got = adder2d_reference(x, clamped, (1, 1), (0, 0)) + beta.view(1, -1, 1, 1)
+        return (got - adder2d_reference(x, w, (1, 1), (0, 0))).abs().max().item()
+
     for low in (0.0, -a):  # x in [0, A] and in [-A, A]
         x = low + (a - low) * torch.rand(2, 4, 7, 7, generator=g, dtype=torch.float64)
-        want = adder2d_reference(x, w, (1, 1), (0, 0))
-        got = adder2d_reference(x, clamped, (1, 1), (0, 0)) + beta.view(1, -1, 1, 1)
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    x = torch.full((1, 4, 3, 3), 3 * a, dtype=torch.float64)  # beyond A the identity must fail
-    assert (
-        adder2d_reference(x, clamped, (1, 1), (0, 0)) + beta.view(1, -1, 1, 1) - adder2d_reference(x, w, (1, 1), (0, 0))
-    ).abs().max() > 1
+        assert err(x) < 1e-12 if (low == 0 or grid == "signed") else err(x) > 0.1
+    assert err(torch.full((1, 4, 3, 3), 3 * a, dtype=torch.float64)) > 1  # beyond A the identity fails
 
 
+@pytest.mark.parametrize("grid", ["signed", "unsigned"])
 @pytest.mark.parametrize("bits", [8, 6, 5, 4])
-def test_integer_form_equals_the_dequantised_float_form(bits):
-    """-sum|x_hat - w_hat| = -(s / (2^b-1)) sum|q_a - 2 q_w| (the integer identity), in float64."""
+def test_integer_form_equals_the_dequantised_float_form(bits, grid):
+    """-sum|x_hat - w_hat| = -(s / (2^b-1)) sum|q_a - 2 q_w| (signed grid) or sum|q_a - q_w| (unsigned grid): the
+    integer identity, in float64; the weights use the b-bit range of their grid and no more."""
     g = torch.Generator().manual_seed(bits)
     s, lv = 0.8, levels(bits)
     x = torch.rand(3, 5, 6, 6, generator=g, dtype=torch.float64) * 1.2  # some beyond s: clipped
     w = (torch.rand(4, 5, 3, 3, generator=g, dtype=torch.float64) * 2 - 1) * s
+    w = w.clamp(min=0) if grid == "unsigned" else w
     qa = quantize_activation(x, s, bits)
-    qw = quantize_weight(w, torch.full((4,), s, dtype=torch.float64), bits)
-    assert qa.min() >= 0 and qa.max() <= lv and qw.min() >= -(2 ** (bits - 1)) and qw.max() <= 2 ** (bits - 1) - 1
-    dequant = adder2d_reference(qa * s / lv, qw * 2 * s / lv, (1, 1), (1, 1))
-    integer = -(s / lv) * int_reference(qa.long(), (2 * qw).long(), (1, 1), (1, 1), (1, 1), 1).double()
+    qw = quantize_weight(w, torch.full((4,), s, dtype=torch.float64), bits, grid)
+    low, high = (0, lv) if grid == "unsigned" else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    assert qa.min() >= 0 and qa.max() <= lv and qw.min() >= low and qw.max() <= high
+    step = {"signed": 2, "unsigned": 1}[grid]
+    dequant = adder2d_reference(qa * s / lv, qw * step * s / lv, (1, 1), (1, 1))
+    integer = -(s / lv) * int_reference(qa.long(), (step * qw).long(), (1, 1), (1, 1), (1, 1), 1).double()
     torch.testing.assert_close(dequant, integer, rtol=0, atol=1e-10)
+    # the grid's step: half a step of the signed grid is the most any weight in [0, s] moves on the unsigned one
+    assert (qw * step * s / lv - w).abs().max() <= step * s / lv / 2 + 1e-12
 
 
 def test_rounding_is_half_to_even():
@@ -149,15 +158,16 @@ def test_integer_kernel_rejects_signed_or_mixed_dtypes():
 # ---- the quantised layer -----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("grid", ["signed", "unsigned"])
 @pytest.mark.parametrize("bits", [8, 6, 5, 4, 12])
 @pytest.mark.parametrize("conf", [dict(stride=1, padding=1, groups=1), dict(stride=2, padding=0, groups=2)])
-def test_qadder_integer_path_matches_float_path_and_an_independent_reference(bits, conf):
+def test_qadder_integer_path_matches_float_path_and_an_independent_reference(bits, conf, grid):
     g = torch.Generator().manual_seed(bits)
     adder = Adder2d(8, 12, 3, stride=conf["stride"], padding=conf["padding"], groups=conf["groups"])
     with torch.no_grad():
         adder.weight.copy_(torch.randn(adder.weight.shape, generator=g) * torch.linspace(0.1, 2, 12).view(-1, 1, 1, 1))
     x = torch.rand(3, 8, 9, 9, generator=g) * 1.3
-    q = quantize_layer(adder, act_range=1.0, bits=bits, n_groups=3)
+    q = quantize_layer(adder, act_range=1.0, bits=bits, n_groups=3, grid=grid)
     q.kernel = "int"
     y_int = q(x)
     q.kernel = "fake"
@@ -170,8 +180,9 @@ def test_qadder_integer_path_matches_float_path_and_an_independent_reference(bit
         s = q.scale[q.group[o]].double()
         qa = (x.double() * (lv / s)).round().clamp(0, lv).long()
         h = o // og
+        step = {"signed": 2, "unsigned": 1}[grid]
         total = int_reference(
-            qa[:, h * cg : (h + 1) * cg], 2 * q.qweight[o : o + 1].long(), adder.stride, adder.padding, (1, 1), 1
+            qa[:, h * cg : (h + 1) * cg], step * q.qweight[o : o + 1].long(), adder.stride, adder.padding, (1, 1), 1
         )
         want[:, o] = (-(s / lv) * total.double() + q.bias_term[o].double())[:, 0]
     torch.testing.assert_close(y_int.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
@@ -197,12 +208,13 @@ def _tiny_loader(n=16, seed=0):
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images, torch.zeros(n)), batch_size=8)
 
 
-def test_quantize_model_swaps_every_adder_layer_and_keeps_stem_and_classifier(tmp_path):
+@pytest.mark.parametrize("grid", ["signed", "unsigned"])
+def test_quantize_model_swaps_every_adder_layer_and_keeps_stem_and_classifier(tmp_path, grid):
     torch.manual_seed(0)
     model = build_model("resnet20").eval()
     ref = build_model("resnet20").eval()
     ref.load_state_dict(model.state_dict())
-    quantize_model(model, _tiny_loader(n=8), quant_cfg(bits=8, groups=2))  # one calibration batch is enough here
+    quantize_model(model, _tiny_loader(n=8), quant_cfg(bits=8, groups=2, weight_grid=grid))  # one batch is enough
     assert not any(isinstance(m, Adder2d) for m in model.modules())
     assert sum(isinstance(m, QAdder2d) for m in model.modules()) == 20  # 18 3x3 + 2 downsample 1x1
     assert torch.equal(model.conv1.weight, ref.conv1.weight) and torch.equal(model.fc.weight, ref.fc.weight)
@@ -211,7 +223,8 @@ def test_quantize_model_swaps_every_adder_layer_and_keeps_stem_and_classifier(tm
         y = model(x)
     path = save_quantized(tmp_path / "q.pt", model, {"model": {"name": "resnet20"}}, {"bits": 8})
     raw = torch.load(path, weights_only=True)
-    assert raw["quant"] == {"bits": 8} and raw["model"]["layer1.0.conv1.qweight"].dtype == torch.int8
+    want = {"signed": torch.int8, "unsigned": torch.uint8}[grid]
+    assert raw["quant"] == {"bits": 8} and raw["model"]["layer1.0.conv1.qweight"].dtype == want
     loaded, _ = load_quantized_into(build_model("resnet20").eval(), path)
     with torch.no_grad():
         assert torch.equal(loaded(x), y)  # determinism: the saved model and the loaded one, on this machine
@@ -234,8 +247,9 @@ def test_bad_settings_are_config_errors(bad, match):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("grid", ["signed", "unsigned"])
 @pytest.mark.parametrize("conf", [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=1, stride=2, padding=0)])
-def test_onnx_quantised_layer_equals_qadder_exactly(tmp_path, conf):
+def test_onnx_quantised_layer_equals_qadder_exactly(tmp_path, conf, grid):
     """One quantised layer through onnxruntime: the same values as the integer kernel, bit for bit."""
     pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
@@ -244,7 +258,7 @@ def test_onnx_quantised_layer_equals_qadder_exactly(tmp_path, conf):
     g = torch.Generator().manual_seed(1)
     adder = Adder2d(16, 32, **conf)
     x = torch.rand(3, 16, 8, 8, generator=g) * 1.5
-    q = quantize_layer(adder, act_range=1.0, bits=8, n_groups=4).eval()
+    q = quantize_layer(adder, act_range=1.0, bits=8, n_groups=4, grid=grid).eval()
     path = export_onnx(torch.nn.Sequential(q), tmp_path / "layer.onnx", x[:1])
     got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"images": x.numpy()})[0]
     # exact on any CPU: integer sums, then the same float32 scaling in both (one IEEE rounding each)
@@ -252,14 +266,20 @@ def test_onnx_quantised_layer_equals_qadder_exactly(tmp_path, conf):
     assert torch.equal(OnnxQAdder2d(q)(x), q(x))
 
 
+@pytest.mark.parametrize("grid", ["signed", "unsigned"])
 @pytest.mark.parametrize("bits", [2, 8, 9, 16])
-def test_unsigned_form_is_exact_for_non_negative_activations_and_fits_its_lane(bits):
-    """sum |q_a - 2 q_w| = sum |q_a - u| + c for every q_a in [0, 2^b - 1], with u stored losslessly in lane(bits)."""
+def test_unsigned_form_is_exact_for_non_negative_activations_and_fits_its_lane(bits, grid):
+    """sum |q_a - v| = sum |q_a - u| + c for every q_a in [0, 2^b - 1], v the weights in activation steps (2 q_w on
+    the signed grid, q_w on the unsigned one), with u stored losslessly in lane(bits)."""
     g = torch.Generator().manual_seed(bits)
-    q_w = torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), (6, 2, 3, 3), generator=g)
+    if grid == "signed":
+        v = 2 * torch.randint(-(2 ** (bits - 1)), 2 ** (bits - 1), (6, 2, 3, 3), generator=g)
+    else:
+        v = torch.randint(0, 2**bits, (6, 2, 3, 3), generator=g)
     q_a = torch.randint(0, 2**bits, (50, 1, 2, 3, 3), generator=g)
-    u, c = unsigned_form(q_w)
-    assert torch.equal((q_a - 2 * q_w).abs().flatten(2).sum(2), (q_a - u).abs().flatten(2).sum(2) + c)
+    u, c = unsigned_form(v)
+    assert torch.equal((q_a - v).abs().flatten(2).sum(2), (q_a - u).abs().flatten(2).sum(2) + c)
+    assert grid == "signed" or (c == 0).all()
     assert lane(bits) == (torch.uint8 if bits <= 8 else torch.uint16)
     assert torch.equal(u.to(lane(bits)).to(torch.int64), u) and torch.equal(q_a.to(lane(bits)).to(torch.int64), q_a)
 
@@ -269,3 +289,32 @@ def test_check_supported_names_the_layers_quantisation_cannot_handle():
     with pytest.raises(ConfigError, match=r"ONNX export does not support AdderLinear layers yet: AdderLinear \(2\)"):
         check_supported(net, "ONNX export")
     check_supported(torch.nn.Sequential(Adder2d(3, 4, 3)), "quantisation")  # Adder2d alone is handled
+
+
+def test_a_quantised_file_from_before_the_unsigned_grid_loads_as_the_signed_grid(tmp_path):
+    """A file without the weight_step buffers (written before it existed) is AdderQuant's signed grid."""
+    torch.manual_seed(0)
+    model = quantize_model(build_model("resnet20").eval(), _tiny_loader(n=8), quant_cfg(bits=8, weight_grid="signed"))
+    path = save_quantized(tmp_path / "q.pt", model, {"model": {"name": "resnet20"}}, {"bits": 8})
+    raw = torch.load(path, weights_only=True)
+    raw["model"] = {k: v for k, v in raw["model"].items() if not k.endswith(".weight_step")}
+    torch.save(raw, tmp_path / "old.pt")
+    loaded, _ = load_quantized_into(build_model("resnet20").eval(), tmp_path / "old.pt")
+    x = next(iter(_tiny_loader(seed=1)))[0]
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    assert {m.grid for m in loaded.modules() if isinstance(m, QAdder2d)} == {"signed"}
+
+
+def test_qadder_gives_nan_for_non_finite_inputs_only_and_not_for_huge_finite_ones():
+    """A sample holding NaN or inf gives NaN; one whose finite values sum beyond float32 (3e38 each) is clipped
+    to the top level like any value above the range, and stays finite."""
+    g = torch.Generator().manual_seed(0)
+    q = quantize_layer(Adder2d(4, 6, 3, padding=1), act_range=1.0, bits=8, n_groups=2)
+    x = torch.rand(4, 4, 5, 5, generator=g)
+    x[1] = 3e38
+    x[2, 0, 0, 0] = float("nan")
+    x[3, 1, 2, 2], x[3, 2, 2, 2] = float("inf"), float("-inf")
+    y = q(x)
+    assert torch.isfinite(y[:2]).all() and torch.isnan(y[2:]).all()
+    torch.testing.assert_close(y[1], q(torch.ones(1, 4, 5, 5))[0])  # clipped at the range, as 1.0 is

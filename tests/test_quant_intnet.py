@@ -23,9 +23,9 @@ from helpers import (
 )
 
 
-@pytest.fixture(scope="module", params=[8, 4, 12])
+@pytest.fixture(scope="module", params=[(8, "unsigned"), (4, "unsigned"), (12, "unsigned"), (4, "signed")])
 def quantised(request):
-    return quantised_resnet20(request.param)
+    return quantised_resnet20(*request.param)
 
 
 def test_groups_of_the_test_model_have_different_scales(quantised):

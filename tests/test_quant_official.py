@@ -76,7 +76,7 @@ def test_quantised_checkpoint_evaluates_without_calibration(quantized_checkpoint
     path, info = quantized_checkpoint
     raw = torch.load(path, map_location="cpu", weights_only=True)
     assert raw["quant"]["bits"] == 8 and raw["quant"]["source"] == str(OFFICIAL_R20)
-    assert raw["model"]["layer1.0.conv1.qweight"].dtype == torch.int8
+    assert raw["model"]["layer1.0.conv1.qweight"].dtype == torch.uint8  # the unsigned grid (the default)
     assert raw["config"]["model"]["name"] == "resnet20"
     # no data.root: the training split is not even reachable, so calibrating again would fail
     args = [

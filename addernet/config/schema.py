@@ -436,18 +436,26 @@ class Quant:
     groups: int = 4  # groups of filters per layer with their own shared scale [V: G = 4 in the code]
     grouping: str = "kmeans"  # kmeans: exact 1-D k-means on max|w| [ours, deterministic] | kmeans_sklearn:
     # k-means++ [V], seeded
-    calib_images: int = 25600  # training images for the activation ranges and the BN re-estimation
+    calib_images: int = 25600  # training images for the activation ranges and the BatchNorm correction
     # [code: 202 x 128 = 25,856]
     calib_batch_size: int = 128  # calibration batch [V: 128]; the per-batch quantile depends on it
     calib_augment: bool = False  # activation ranges: false = validation transform on the training split [ours] |
     # true = augmented [code]
-    act_quantile: float = 0.9994  # quantile of |x| per batch; A = max over batches [V: the code's 0.9997 applied twice]
+    act_range: str = "output"  # output: per layer, of the ranges at quantiles 0.999 ... 1 of |x| (max over
+    # batches), the one whose quantised layer is closest to the float layer on the first calibration batch [ours] |
+    # quantile: at act_quantile [V] | mse: least squared quantisation error of the inputs [ours]
+    act_quantile: float = 0.9994  # act_range=quantile: quantile of |x| per batch; A = max over batches
+    # [V: the code's 0.9997 applied twice]
     act_range_floor: float = 0.001  # A is at least this [V]
-    bn_recalib: bool = True  # re-estimate BatchNorm with the quantised model [V: adjust_BN]
-    bn_augment: bool = True  # ... on the calibration images with the training augmentation
-    # [V code; false costs ~2 pt, measured]
-    bn_momentum: Optional[float] = None  # null: exact average over the calibration batches [ours] | 0.1: the
-    # code's EMA (MindSpore 0.9)
+    weight_grid: str = "unsigned"  # unsigned: weights clamped to [0, A] (exact after a ReLU), b-bit unsigned on the
+    # activation grid A/(2^b-1) [ours] | signed: clamped to [-A, A], b-bit signed, grid 2A/(2^b-1) [V]
+    bn_recalib: bool = True  # correct BatchNorm for the quantised model, by quant.bn_method [V: adjust_BN]
+    bn_augment: bool = True  # bn_method=reestimate: on the calibration images with the training augmentation [V code]
+    bn_momentum: Optional[float] = None  # bn_method=reestimate; null: exact average over the calibration batches
+    # [ours] | 0.1: the code's EMA (MindSpore 0.9)
+    bn_method: str = "shift_scale"  # shift_scale: the float statistics kept, each mean moved by E[x_q] - E[x_f]
+    # and each variance scaled by Var[x_q] / Var[x_f] on the calibration images [ours] | shift: the mean only
+    # [ours] | reestimate: re-estimated with the quantised model [V]
     kernel: str = "auto"  # auto: integer kernel on CPU, float fake-quant elsewhere | int | fake
     runtime: str = "auto"  # auto: the integer network on CPU for CIFAR ResNets, else the layers | integer |
     # layers [ours]

@@ -22,6 +22,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tqdm import tqdm
 
 from .. import distributed as dist
+from ..analysis.interval import accuracy_interval, correct_count
 from ..checkpoint import OFFICIAL, load_checkpoint, load_weights, open_checkpoint, read_checkpoint
 from ..checkpoint.official import load_official
 from ..config import config_dir
@@ -31,7 +32,7 @@ from ..errors import ConfigError
 from ..forward import logits_and_loss, to_device
 from ..models import model_from_config, model_label
 from ..ops import Adder2d
-from ..quant import inference_model, is_quantized_state, prepare_quantized, quantize_for_eval
+from ..quant import check_quant_settings, inference_model, is_quantized_state, prepare_quantized, quantize_for_eval
 from .config import check_eval_config, check_stored_model, device_type
 from .ema import ema_weights
 from .meters import MetricSums
@@ -274,6 +275,7 @@ def stored_model(cfg, overrides, entry="test"):
             f"no checkpoint given: python {entry}.py checkpoint=PATH (a run's checkpoints/best.pt or "
             f"an official ResNet20-AdderNet.pth / ResNet50-AdderNet.pth)"
         )
+    check_quant_settings(cfg.quant)  # every quant.* value, before any work
     path = str(cfg.checkpoint)
     state, stored, kind, classes = open_checkpoint(
         path, model_name=(cfg.get("model") or {}).get("name") or OFFICIAL_CHOICES["model"]
@@ -324,12 +326,12 @@ def evaluate_checkpoint(cfg, overrides):
             f"{'ema (the weight average)' if cfg.ema else 'model'}",
             flush=True,
         )
-    bar = tqdm(
-        loader, desc="test", unit="batch", disable=not (dist.is_main() and cfg.trainer.progress), file=sys.stderr
-    )
     model, quant = quantize_for_eval(model, cfg, device)  # no-op unless quant.bits or a quantised checkpoint
     if quant:  # the integer network on CPU where it applies (docs/quantization.md), else the quantised layers
         model, quant["runtime"] = inference_model(model, cfg.quant.runtime, device)
+    bar = tqdm(  # after calibration: its errors never share a line with this bar
+        loader, desc="test", unit="batch", disable=not (dist.is_main() and cfg.trainer.progress), file=sys.stderr
+    )
     result = evaluate(model, bar, device, amp=cfg.trainer.amp, channels_last=bool(cfg.trainer.channels_last))
     skipped = take_skipped(loader)
     if skipped:
@@ -341,14 +343,33 @@ def evaluate_checkpoint(cfg, overrides):
     return {**{k: result[k] for k in RESULT_KEYS}, "weights": weights, **({"quant": quant} if quant else {})}
 
 
+def with_intervals(result):
+    """``result`` with the correct counts and the 95% Wilson score intervals (in percent) of top-1 and top-5:
+    "top1_correct", "top1_ci95": [low, high], the same for top5 (addernet/analysis/interval.py)."""
+    out = dict(result)
+    if result.get("n"):
+        for k in ("top1", "top5"):
+            out[f"{k}_correct"] = correct_count(result[k], result["n"])
+            out[f"{k}_ci95"] = accuracy_interval(result[k], result["n"])
+    return out
+
+
 def report(result, results_file):
     """Human-readable summary, then the JSON line (last line printed); also written to results_file.
 
-    A non-finite loss (a diverged model) is written as null: the line stays strict JSON.
+    The accuracies carry their counts and 95% Wilson intervals (with_intervals). A non-finite loss (a
+    diverged model) is written as null: the line stays strict JSON.
     """
+    result = with_intervals(result)
+    ci = {
+        k: f" [{result[k + '_ci95'][0]:.2f}, {result[k + '_ci95'][1]:.2f}] ({result[k + '_correct']}/{result['n']})"
+        if k + "_ci95" in result
+        else ""
+        for k in ("top1", "top5")
+    }
     print(
-        f"top-1 {result['top1']:.2f}% | top-5 {result['top5']:.2f}% | loss {result['loss']:.4f} | "
-        f"n {result['n']} | {result['images_per_s']:.1f} images/s"
+        f"top-1 {result['top1']:.2f}%{ci['top1']} | top-5 {result['top5']:.2f}%{ci['top5']} | "
+        f"loss {result['loss']:.4f} | n {result['n']} | {result['images_per_s']:.1f} images/s (95% Wilson intervals)"
     )
     line = json_line(result)
     if results_file:

@@ -8,7 +8,7 @@ integer network: integer activations between adder layers, one kernel call), inf
 """
 
 from .cli import calibration_loader, quantize_for_eval
-from .convert import check_quant_config, prepare_quantized, quant_summary, quantize_model
+from .convert import check_quant_config, check_quant_settings, prepare_quantized, quant_summary, quantize_model
 from .format import is_quantized_state, load_quantized_into, save_quantized
 from .inference import inference_model, load_quantized
 from .intnet import IntegerResNet
@@ -19,6 +19,7 @@ __all__ = [
     "QAdder2d",
     "calibration_loader",
     "check_quant_config",
+    "check_quant_settings",
     "inference_model",
     "is_quantized_state",
     "load_quantized",

@@ -13,11 +13,10 @@ the layers, so the result shows what ran.
 from ..checkpoint import CheckpointError, load_checkpoint
 from ..errors import ConfigError
 from ..models import build_model
+from .convert import RUNTIMES
 from .format import load_quantized_into
 from .intnet import IntegerResNet, unsupported_reason
 from .qadder import _int_kernel
-
-RUNTIMES = ("auto", "integer", "layers")
 
 
 def inference_model(model, runtime="auto", device="cpu"):

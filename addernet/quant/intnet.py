@@ -79,7 +79,7 @@ class _Layer:
         s = q.scale[q.group].double()  # per filter
         self.scales = sorted(set(s.tolist()))
         plane = torch.tensor([self.scales.index(v) for v in s.tolist()])
-        qw = q.qweight.to(torch.int64)
+        qw = q.grid_weights().to(torch.int64)
         u, c = unsigned_form(qw)
         c = c.double()
         k, shift = _bn_affine(bn)

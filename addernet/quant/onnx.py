@@ -3,7 +3,8 @@
 An adder layer becomes: patch extraction by a fixed one-hot depthwise convolution (Conv, groups = C:
 output channel c*kh*kw + t copies input channel c at kernel tap t), then Sub against the weights,
 Abs, ReduceSum over the patch (in float64) and a negation. A quantised layer (QAdder2d) quantises its input per
-group (Mul by (2^b-1)/s, Round, Clip), compares with the unsigned integer weights u = max(2 q_w, 0),
+group (Mul by (2^b-1)/s, Round, Clip), compares with the unsigned integer weights u = max(v, 0) (v: the
+weights in activation steps, QAdder2d.grid_weights),
 adds the constant c, rescales and adds the bias term, then restores the filter order (Concat, Gather).
 The integer sums are exact in float32 (below 2^24), so the result equals the integer kernel's up to
 the last rounding. The batch dimension is dynamic. The TorchScript-based exporter is used
@@ -71,7 +72,7 @@ class OnnxQAdder2d(nn.Module):
         cg = q.in_channels // q.groups
         self.patches = _Patches(cg, q.kernel_size, q.stride, q.padding, q.dilation, 1)
         self.blocks, order = [], []
-        q_w = q.qweight.to(torch.int32)
+        q_w = q.grid_weights()
         for k, (g, idx, chans) in enumerate(q._blocks()):
             s = q.scale[g]
             self.blocks.append((g, chans))

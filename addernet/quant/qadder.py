@@ -1,14 +1,16 @@
 """QAdder2d: a post-training quantised adder layer (one shared scale per group of filters).
 
 State (buffers, so a quantised model's state_dict describes itself; see format.py):
-  qweight   (O, Cg, kh, kw) signed integers q_w (int8 up to 8 bits, else int16)
+  qweight   (O, Cg, kh, kw) integers q_w: signed (int8 up to 8 bits, else int16) or unsigned (uint8, int32)
+  weight_step () the weight grid in activation steps: 2 = signed grid 2s/(2^b-1), 1 = unsigned grid s/(2^b-1)
+            (quantizer.py); v = weight_step * q_w are the weights in activation steps
   group     (O,) group of every filter, groups numbered by ascending max |w| (grouping.py)
   scale     (G,) s_g, shared by the weights and the activations of group g
   bias_term (O,) beta of the lossless weight clamp (quantizer.clamp_weight), added before BN
   act_range ()   the calibrated activation range A; bits () the bit width b
 Forward, per group g (inputs after a ReLU, so q_a >= 0):
-  integer ("int", CPU): sum |q_a - 2 q_w| = sum |q_a - u| + c with u = max(2 q_w, 0) and
-      c = sum max(-2 q_w, 0) per filter (exact because q_a >= 0), so both operands are unsigned
+  integer ("int", CPU): sum |q_a - v| = sum |q_a - u| + c with u = max(v, 0) and
+      c = sum max(-v, 0) per filter (exact because q_a >= 0), so both operands are unsigned
       b-bit integers (uint8 lanes up to 8 bits) for the kernel ops/kernels/adder_int.c;
       y = -(s_g / (2^b-1)) (sum + c) + beta.
   float ("fake", any device): y = adder2d(x_hat, w_hat) + beta on the dequantised tensors.
@@ -23,7 +25,7 @@ import torch.nn as nn
 
 from ..ops import adder2d
 from ..ops.kernels import build, int_cpu
-from .quantizer import lane, levels, quantize_activation, unsigned_form
+from .quantizer import grid_step, lane, levels, quantize_activation, unsigned_form, weight_dtype
 
 KERNELS = ("auto", "int", "fake")
 
@@ -37,13 +39,26 @@ def _int_kernel():
 
 def nan_where_not_finite(x, y):
     """`y` with NaN in every sample (first dimension) whose input `x` holds a NaN or an infinity."""
-    bad = ~torch.isfinite(x).flatten(1).all(1)
+    bad = ~torch.isfinite(x.flatten(1).sum(1))  # a NaN or an infinity makes the sum one (a fast first look) ...
+    if bool(bad.any()):  # ... as may an overflow of large finite values: those samples are looked at in full
+        bad[bad.clone()] = ~torch.isfinite(x[bad].flatten(1)).all(1)
     return torch.where(bad.view(-1, *[1] * (y.dim() - 1)), torch.nan, y) if bool(bad.any()) else y
 
 
 class QAdder2d(nn.Module):
     def __init__(
-        self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bits, n_groups, kernel="auto"
+        self,
+        in_channels,
+        out_channels,
+        kernel_size,
+        stride,
+        padding,
+        dilation,
+        groups,
+        bits,
+        n_groups,
+        kernel="auto",
+        grid="signed",
     ):
         super().__init__()
         if kernel not in KERNELS:
@@ -51,8 +66,9 @@ class QAdder2d(nn.Module):
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride, padding, dilation
         self.kernel = kernel
-        wdtype = torch.int8 if bits <= 8 else torch.int16
+        wdtype = weight_dtype(bits, grid)
         self.register_buffer("qweight", torch.zeros(out_channels, in_channels // groups, *kernel_size, dtype=wdtype))
+        self.register_buffer("weight_step", torch.tensor(grid_step(grid)))
         self.register_buffer("group", torch.zeros(out_channels, dtype=torch.int64))
         self.register_buffer("scale", torch.ones(n_groups))
         self.register_buffer("bias_term", torch.zeros(out_channels))
@@ -60,7 +76,7 @@ class QAdder2d(nn.Module):
         self.register_buffer("bits", torch.tensor(int(bits)))
 
     @classmethod
-    def like(cls, adder, bits, n_groups, kernel="auto"):
+    def like(cls, adder, bits, n_groups, kernel="auto", grid="signed"):
         """An empty quantised twin of Adder2d `adder` (same geometry), to be filled or loaded."""
         return cls(
             adder.in_channels,
@@ -73,7 +89,17 @@ class QAdder2d(nn.Module):
             bits,
             n_groups,
             kernel,
+            grid,
         )
+
+    @property
+    def grid(self):
+        """ "unsigned" or "signed": the weight grid (quant.weight_grid)."""
+        return "unsigned" if int(self.weight_step) == 1 else "signed"
+
+    def grid_weights(self):
+        """The integer weights in activation steps, v = weight_step * q_w (int32): w_hat = v s/(2^b-1)."""
+        return self.qweight.to(torch.int32) * int(self.weight_step)
 
     def _blocks(self):
         """(group, filter indices, input-channel slice) per quant group and conv group with members."""
@@ -89,7 +115,7 @@ class QAdder2d(nn.Module):
 
         Groups with equal scales share one quantised input and one kernel call (on the official
         ResNet-20 every group has s_g = A). Cached until a buffer changes (e.g. load_state_dict)."""
-        key = tuple((t.data_ptr(), t._version) for t in (self.qweight, self.group, self.scale))
+        key = tuple((t.data_ptr(), t._version) for t in (self.qweight, self.group, self.scale, self.weight_step))
         if getattr(self, "_plan_key", None) == key:
             return self._plan_cache
         dtype = lane(self.bits)
@@ -98,7 +124,7 @@ class QAdder2d(nn.Module):
             k = (float(self.scale[g]), chans.start)
             merged[k] = (g, torch.cat([merged[k][1], idx]) if k in merged else idx, chans)
         plan = []
-        q_w = self.qweight.to(torch.int32)
+        q_w = self.grid_weights()
         for g, idx, chans in merged.values():
             idx = idx.sort().values
             u, c = unsigned_form(q_w[idx])
@@ -137,7 +163,7 @@ class QAdder2d(nn.Module):
                 total = _int_kernel().forward(a.to(dtype), u, *conf, 1, packed) + c
                 out = total.float() * (-(s / lv))
             else:
-                out = adder2d(a * (s / lv), w_int * (2 * s / lv), None, *conf, 1)  # -sum|x - w|
+                out = adder2d(a * (s / lv), w_int * (s / lv), None, *conf, 1)  # -sum|x - w|
             bias = self.bias_term if idx is None else self.bias_term[idx]
             outs.append((idx, out + bias.view(1, -1, 1, 1)))
         if len(outs) == 1 and outs[0][0] is None:
@@ -152,5 +178,6 @@ class QAdder2d(nn.Module):
         return (
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
             f"padding={self.padding}, bits={int(self.bits)}, groups_of_filters={self.scale.numel()}, "
+            f"weight_grid={self.grid}, "
             f"kernel={self.kernel}"
         )
