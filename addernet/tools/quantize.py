@@ -18,8 +18,8 @@ from omegaconf.errors import OmegaConfBaseException
 from ..config.entry import run_entry
 from ..engine import ConfigError
 from ..engine.evaluation import load_float_model
-from ..engine.rundir import check_output_path
 from ..engine.outputs import setup_logging
+from ..engine.rundir import check_output_path
 from ..errors import reported
 from ..quant import check_quant_config, quantize_for_eval, save_quantized
 

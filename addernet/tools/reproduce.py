@@ -9,7 +9,7 @@
 (``data=cifar10``: downloaded into it when absent; default ``data``). OVERRIDEs (``key=value``) go to every
 setting, as on test.py's command line (e.g. ``quant.calib_images=5085 data.num_workers=2``).
 
-Every setting runs as ``test.py`` runs it (addernet.engine.eval_run): the float model; ``quant.bits=b`` for each
+Every setting runs as ``test.py`` runs it (addernet.engine.evaluation): the float model; ``quant.bits=b`` for each
 bit width (calibrated on the training split, then evaluated); ONNX: the float model exported with standard
 operators (addernet/quant/onnx.py) and evaluated by onnxruntime on the same test images. Prints a Markdown table
 (top-1 with its 95% Wilson interval and counts, top-5, the drop from the float model next to AdderQuant's
@@ -38,7 +38,7 @@ from ..config import config_dir
 from ..config.validate import one_line
 from ..data import build_loader
 from ..engine import ConfigError
-from ..engine.eval_run import evaluate_checkpoint, load_float_model, with_intervals
+from ..engine.evaluation import evaluate_checkpoint, load_float_model, with_intervals
 from ..engine.outputs import setup_logging
 from ..errors import reported
 from .bench import cpu_model, load
