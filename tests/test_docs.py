@@ -39,12 +39,16 @@ ENTRIES = {
     "addernet.tools.export_onnx": "export_onnx",
     "scripts/dist_train.sh": "train",
     "scripts/reproduce.sh": "train",
+    "addernet.tools.reproduce": "test",  # scripts/reproduce.sh cifar10: the tool's flags, then test.py's overrides
 }
 # entry points whose first argument is not an override: the override it stands for (None: nothing to compose)
 FIRST_ARGUMENT = {
     "scripts/dist_train.sh": lambda nproc: None,
-    "scripts/reproduce.sh": lambda preset: None if preset == "--list" else f"experiment={preset}",
+    "scripts/reproduce.sh": lambda preset: None if preset in ("--list", "cifar10") else f"experiment={preset}",
+    "addernet.tools.reproduce": lambda dataset: None,
 }
+# the reproduction tool's own flags (addernet/tools/reproduce.py): those that take a value, and those that do not
+REPRODUCE_FLAGS = {"--checkpoint": 1, "--data-root": 1, "--bits": 1, "--out": 1, "--no-onnx": 0}
 # Hydra's own flags that take a value, and those that do not (besides -m / --multirun)
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--info", "-i", "--config-path", "-cp", "--config-name"}
 HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--resolve", "--version", "--run", "-r"}
@@ -129,13 +133,19 @@ def entry_commands(line):
         if any(re.search(rf"(^|\s){re.escape(name)}(\s|$)", line) for name in ENTRIES):
             raise
         return []
-    commands, entry, args, first = [], None, [], False
+    commands, entry, args, first, skip = [], None, [], False, 0
     for i, token in enumerate(tokens + [";"]):
         if set(token) <= set("();<>|&"):
             if entry:
                 commands.append((entry, args[:-1] if args and args[-1].isdigit() and token[0] in "<>" else args))
             entry, args = None, []
+        elif skip:
+            skip -= 1
+        elif entry == "addernet.tools.reproduce" and token.strip("[]") in REPRODUCE_FLAGS:
+            skip = REPRODUCE_FLAGS[token.strip("[]")]
         elif entry:
+            if first and entry == "scripts/reproduce.sh" and token == "cifar10":
+                entry = "addernet.tools.reproduce"
             token, first = FIRST_ARGUMENT[entry](token) if first else token, False
             key, _, value = (token or "...").strip("[]").partition("=")
             if (
