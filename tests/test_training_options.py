@@ -308,7 +308,7 @@ def test_precise_bn_sets_the_statistics_to_the_batch_average_at_the_current_weig
     handle = bn.register_forward_pre_hook(lambda m, args: inputs.append(args[0].detach().double()))
     with caplog.at_level("INFO", logger="addernet"):
         precise_bn(model, batches, 3, "cpu")  # the first 3 of the 4 batches
-    assert "precise BN: 2 BatchNorm layer(s) re-estimated on 18 image(s)" in caplog.text
+    assert "precise BN: 2 BatchNorm layer(s) done, 18 image(s)" in caplog.text
     handle.remove()
     assert len(inputs) == 3 and model.training  # the model's mode is kept
     mean = torch.stack([x.mean((0, 2, 3)) for x in inputs]).mean(0)
@@ -484,7 +484,7 @@ def test_calibration_logs_its_counts(caplog):
     with caplog.at_level("INFO", logger="addernet"):
         ranges = activation_ranges(model, batches, 0.999)
     assert list(ranges) == ["conv2"]
-    assert "calibration: activation ranges of 1 adder layer(s) from 9 image(s)" in caplog.text
+    assert "calibration: activation ranges of 1 adder layer(s) done, 9 image(s)" in caplog.text
 
 
 @pytest.mark.distributed
