@@ -379,6 +379,7 @@ def test_eager_fallback_when_compiler_missing(tmp_path):
     assert len(warned) == 1 and "eager" in warned[0] and "no-such-cc" in warned[0], res.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_kernel_cache_reused(tmp_path):
     code = """

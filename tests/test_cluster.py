@@ -48,6 +48,7 @@ def test_slurm_tasks_become_torchrun_ranks_and_torchrun_wins():
     assert not adopt_slurm_environment(single) and "RANK" not in single
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_submitit_local_runs_a_two_job_sweep_then_resumes_it(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install hydra-submitit-launcher")
@@ -77,6 +78,7 @@ def test_submitit_local_runs_a_two_job_sweep_then_resumes_it(tmp_path):
         assert [json.loads(line)["epoch"] for line in (job / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_optuna_search_runs_two_trials_and_reports_the_best(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install hydra-optuna-sweeper")
@@ -131,6 +133,7 @@ def test_a_job_that_raises_is_recorded_and_the_launching_process_counts_it(tmp_p
     assert sweep.sweep_exit_code() == 1 and sweep.FAILED == [1]
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_a_submitit_sweep_with_a_failed_job_exits_non_zero_and_summarizes_it(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install hydra-submitit-launcher")

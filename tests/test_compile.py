@@ -30,6 +30,7 @@ def _step(model, x, target):
     return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_compiled_cifar_resnet_matches_eager(monkeypatch, backend):

@@ -10,6 +10,8 @@ import pytest
 
 from helpers import FAKE, REPO, SHARED, needs_shared
 
+pytestmark = pytest.mark.integration  # pip installs a copy of this repository
+
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):

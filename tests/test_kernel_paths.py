@@ -262,6 +262,7 @@ PROBE = (
 )
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # two pytest processes
 def test_pinned_numbers_and_formulas_hold_with_an_avx2_hosts_arithmetic():
     """The tests of pinned numbers and of a float32 formula against float64 pass when this host computes as an

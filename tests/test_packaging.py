@@ -13,6 +13,7 @@ import torch
 from helpers import REPO
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_pip_installed_wheel_imports_and_runs_from_another_directory(tmp_path):
     wheels, site, src = tmp_path / "wheels", tmp_path / "site", tmp_path / "src"
@@ -63,6 +64,7 @@ def readme_install_lines():
     return [x for x in lines if x and not x.startswith("python3 -m venv")]
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(), reason="needs git and a git checkout")
 def test_the_readme_install_lines_keep_a_clone_named_addernet_from_shadowing_the_package(tmp_path):

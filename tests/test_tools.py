@@ -24,6 +24,7 @@ COMMANDS = {
 }
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.parametrize("module", sorted(COMMANDS))
 def test_each_tool_runs_as_a_module_from_another_directory(module, tmp_path):

@@ -134,6 +134,7 @@ def interpreted():
     return json.loads(lines[-1][5:])
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # the interpreter runs in a subprocess
 @pytest.mark.parametrize("order", ["", "_lanes_first"])
 @pytest.mark.parametrize("name", list(CASES))
@@ -144,6 +145,7 @@ def test_interpreter_forward_and_grad_input_match_reference(interpreted, name, o
     assert res["dgrad"] < RTOL, f"grad_input rel. error {res['dgrad']:.2e}"
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_interpreter_every_autotune_config_is_correct(interpreted):
     cfgs = {k: v for k, v in interpreted.items() if k.startswith("config_")}
@@ -178,6 +180,7 @@ def _sass_report():
     return mod
 
 
+@pytest.mark.integration
 @pytest.mark.codegen
 @pytest.mark.slow  # compiles every lanes-along-pixels tile for sm_90 (ptxas): about a minute
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
