@@ -96,6 +96,26 @@ def test_fast_wide_layers(dtype, layout, backend_env):
         torch.testing.assert_close(a.double(), r, **tol)
 
 
+@pytest.mark.parametrize("stride", [2, 3, (2, 1)])
+def test_fast_strided_pointwise_layer_is_the_same_from_nchw_and_channels_last(stride, backend_env):
+    """A strided 1x1 layer on an NCHW input runs at stride 1 on the pixels it reads; a channels-last input is read in
+    place. Both sum the same terms in the same order, so float32 results agree bit for bit, and pixels the
+    layer skips get an exactly zero input gradient. (The float64 grid above checks the values against the reference.)"""
+    torch.manual_seed(2)
+    x = torch.randn(3, 24, 9, 10)
+    w, b = torch.randn(40, 24, 1, 1), torch.randn(40)
+    gy = torch.randn_like(F.conv2d(x, w, None, stride))
+    nchw = _run(backend_env, "fast", x, w, b, (stride, 0, 1, 1), gy)
+    last = _run(backend_env, "fast", x.to(memory_format=torch.channels_last), w, b, (stride, 0, 1, 1), gy)
+    assert torch.equal(nchw[0], last[0]) and torch.equal(nchw[1][0], last[1][0])  # y and grad_x: the adder kernels
+    torch.testing.assert_close(nchw[1][1], last[1][1])  # grad_w: torch's convolution backward, layouts may round apart
+    sh, sw = (stride, stride) if isinstance(stride, int) else stride
+    skipped = torch.ones_like(x, dtype=torch.bool)
+    skipped[:, :, ::sh, ::sw] = False
+    assert nchw[1][0][skipped].eq(0).all() and nchw[1][0][~skipped].ne(0).all()
+    assert nchw[1][0].is_contiguous() and last[1][0].is_contiguous(memory_format=torch.channels_last)
+
+
 def test_fast_float32_rounding_matches_the_reference(backend_env):
     """float32 error of the fast path, measured against float64, stays within a small factor of
     the unfold reference's own float32 error (a long sequential sum, or rewrites such as
