@@ -20,6 +20,9 @@ a fresh process per round, models in rotated order per round, at 2 and 1 threads
   q8 / q4 int  the quantised AdderNet as an integer network (addernet.quant.load_quantized)
   conv int8    PyTorch's post-training int8 quantisation of the CNN twin (torch.ao.quantization FX mode,
                x86 backend, calibrated on 64 random images: speed only)
+  conv int8 pt2e  the same twin through PyTorch's recommended x86 int8 path: PT2E quantisation with the
+               X86 Inductor quantizer (torchao), compiled by Inductor with freezing; in the default list
+               when torchao is installed (pip install torchao), which it is not by requirements-extras.txt
 Each cell: the median over rounds of each process's median time per forward, +- half the range over
 rounds; "cpu" is the process CPU time per forward at the first thread count (at 1 thread it is less
 sensitive to other load than the wall time).
@@ -108,7 +111,8 @@ def bench(shape, batch, rounds, groups):
     return out
 
 
-MODELS = ("conv", "adder", "q8 layers", "q8 int", "q4 int", "conv int8")
+MODELS = ("conv", "adder", "q8 layers", "q8 int", "q4 int", "conv int8", "conv int8 pt2e")
+PT2E = "conv int8 pt2e"
 BATCHES = (1, 64)
 
 
@@ -137,10 +141,39 @@ def _model(name, a):
         with torch.no_grad():
             prepared(x)
         return convert_fx(prepared)
+    if name == PT2E:
+        return _pt2e_int8()
     bits = int(name[1])
     path = a.q8 if bits == 8 else a.q4
     model = (load_quantized_into(build_model("resnet20").eval(), path)[0] if path else _random_quantised(bits)).eval()
     return model if name.endswith("layers") else IntegerResNet(model)
+
+
+def _has_torchao():
+    import importlib.util
+
+    return importlib.util.find_spec("torchao") is not None
+
+
+def _pt2e_int8():
+    """The CNN twin quantised by PT2E with the X86 Inductor quantizer (static, per-channel weights) and compiled
+    by Inductor with constant folding (freezing): PyTorch's recommended int8 inference path on x86 CPUs."""
+    import torch._inductor.config as inductor_config
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    inductor_config.freezing = True
+    x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    # strict export: its per-call source records let the quantizer fuse conv + add + ReLU where the network
+    # calls one nn.ReLU twice (non-strict export groups those calls and the quantizer refuses the pattern)
+    model = build_model("resnet20", layer="conv").eval()
+    exported = torch.export.export(model, (x,), dynamic_shapes=({0: batch},), strict=True)
+    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+    prepared = prepare_pt2e(exported.module(), quantizer)
+    with torch.no_grad():
+        prepared(x)
+    return torch.compile(convert_pt2e(prepared))
 
 
 def worker(a):
@@ -238,7 +271,7 @@ def main():
     p.add_argument("--q8", help="8-bit quantised checkpoint (scripts/quantize.py) for --whole-model")
     p.add_argument("--q4", help="4-bit quantised checkpoint for --whole-model")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions per process in --whole-model")
-    p.add_argument("--models", default=",".join(MODELS), help="comma-separated subset for --whole-model")
+    p.add_argument("--models", help="comma-separated subset for --whole-model (default: all)")
     p.add_argument("--thread-list", dest="thread_list_arg", default="2,1", help="thread counts for --whole-model")
     p.add_argument("--isa-list", help="kernel instruction sets for the adder-side models, e.g. native,avx2")
     p.add_argument("--worker", choices=MODELS, help=argparse.SUPPRESS)
@@ -246,7 +279,17 @@ def main():
     a = p.parse_args()
     if a.json:
         output_file(a.json, "--json", json_with("date", "load_before", "rows"), a.overwrite)
-    a.models = a.models.split(",")
+    if a.models is None:
+        a.models = [m for m in MODELS if m != PT2E or _has_torchao()]
+        if a.whole_model and not a.worker and PT2E not in a.models:
+            print(f"{PT2E}: left out, torchao is not installed (pip install torchao)")
+    else:
+        a.models = a.models.split(",")
+        unknown = [m for m in a.models if m not in MODELS]
+        if unknown:
+            p.error(f"--models: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(MODELS)}")
+        if PT2E in a.models and not _has_torchao():
+            p.error(f"--models {PT2E!r} needs torchao (pip install torchao)")
     a.thread_list = [int(t) for t in a.thread_list_arg.split(",")]
     if a.worker:
         return worker(a)

@@ -144,3 +144,20 @@ def test_a_results_file_never_replaces_a_file_the_script_did_not_write(tmp_path,
     assert e.value.code == 2 and len(err.splitlines()) == 1, err
     assert f"{option} {user}: that file exists and was not written by this command" in err and "--overwrite" in err
     assert user.read_text() == '{"a user\'s": "results"}' and os.listdir(tmp_path) == [user.name]
+
+
+@pytest.mark.parametrize(
+    "models, says",
+    [
+        ("conv,q9 int", "--models: unknown 'q9 int'; choose from conv, adder"),
+        ("conv,conv int8 pt2e", "--models 'conv int8 pt2e' needs torchao (pip install torchao)"),
+    ],
+)
+def test_bench_quant_names_a_model_it_cannot_run_before_any_work(monkeypatch, capsys, models, says):
+    """An unknown model, or PyTorch's PT2E int8 path without torchao, is one line before anything is timed."""
+    monkeypatch.setitem(sys.modules, "torchao", None)  # as if not installed
+    monkeypatch.setattr(sys, "argv", ["bench_quant.py", "--whole-model", "--models", models])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(str(REPO / "scripts" / "bench_quant.py"), run_name="__main__")
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and says in err.splitlines()[-1], err
