@@ -355,6 +355,22 @@ def run_main(main, prog, args):
     return subprocess.CompletedProcess([prog, *map(str, args)], code, out.getvalue(), err.getvalue() + shown)
 
 
+def run_entry(script, args):
+    """Run the entry point ``script`` (train.py, test.py, scripts/quantize.py, scripts/export_onnx.py) in this process
+    through run_main, as ``python script args...`` runs it."""
+    from addernet.test import main as test_main
+    from addernet.tools import export_onnx, quantize
+    from addernet.train import main as train_main
+
+    mains = {
+        "train.py": train_main,
+        "test.py": test_main,
+        "scripts/quantize.py": quantize.cli,
+        "scripts/export_onnx.py": export_onnx.cli,
+    }
+    return run_main(mains[script], script.rpartition("/")[2], args)
+
+
 def metrics_without_timing(path):
     """metrics.jsonl records with the wall-clock fields removed (those legitimately differ run to run)."""
     import json

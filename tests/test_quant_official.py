@@ -8,10 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from addernet.test import main as evaluate_main
-from addernet.tools import export_onnx, quantize
-
-from helpers import CIFAR_SAMPLE, OFFICIAL_LOGITS, OFFICIAL_R20, SHARED, compose, needs_shared, run_main
+from helpers import CIFAR_SAMPLE, OFFICIAL_LOGITS, OFFICIAL_R20, SHARED, compose, needs_shared, run_entry
 
 JPEG = SHARED / "cifar10-jpeg"
 # every test evaluates up to the whole 1,000-image sample or calibrates on 512 images
@@ -41,14 +38,6 @@ def _official_top1():
     return json.loads(OFFICIAL_LOGITS.read_text().splitlines()[0])["summary"]["top1"]
 
 
-# the entry points' main() in this process (test_schema and test_quickstart start them as processes)
-MAINS = {"test.py": evaluate_main, "scripts/quantize.py": quantize.cli, "scripts/export_onnx.py": export_onnx.cli}
-
-
-def _run(script, args):
-    return run_main(MAINS[script], script.rpartition("/")[2], args)
-
-
 def _json(r):
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -57,7 +46,7 @@ def _json(r):
 @pytest.fixture(scope="module")
 def quantized_checkpoint(tmp_path_factory):
     out = tmp_path_factory.mktemp("quant") / "resnet20_q8.pt"
-    r = _run(
+    r = run_entry(
         "scripts/quantize.py",
         [f"checkpoint={OFFICIAL_R20}", "model=resnet20", f"out={out}", "quant.bits=8", *CALIB, *DATA],
     )
@@ -66,7 +55,7 @@ def quantized_checkpoint(tmp_path_factory):
 
 
 def test_test_py_at_8_bits_is_within_one_point_of_the_float_top1():
-    out = _json(_run("test.py", [f"checkpoint={OFFICIAL_R20}", "model=resnet20", "quant.bits=8", *CALIB, *DATA]))
+    out = _json(run_entry("test.py", [f"checkpoint={OFFICIAL_R20}", "model=resnet20", "quant.bits=8", *CALIB, *DATA]))
     assert out["n"] == 1000
     assert out["quant"]["bits"] == 8 and out["quant"]["groups"] == 4 and out["quant"]["calib_images"] == 512
     assert out["top1"] >= _official_top1() - 1.0, out  # at most 1 point lost (BN re-estimation may gain)
@@ -86,13 +75,13 @@ def test_quantised_checkpoint_evaluates_without_calibration(quantized_checkpoint
         "data.num_workers=0",
         "trainer.progress=false",
     ]
-    out = _json(_run("test.py", args))
+    out = _json(run_entry("test.py", args))
     assert out["quant"]["calibrated"] == "stored in the checkpoint" and out["quant"]["bits"] == 8
     assert out["quant"]["runtime"] == "integer network"  # test.py runs quantised ResNets as the integer network
     assert out["top1"] >= _official_top1() - 1.0, out  # at most 1 point lost (BN re-estimation may gain)
-    r = _run("test.py", args + ["model=resnet32"])
+    r = run_entry("test.py", args + ["model=resnet32"])
     assert r.returncode == 2 and "Traceback" not in r.stderr and "do not match" in r.stderr, r.stderr[-2000:]
-    r = _run("test.py", args + ["quant.bits=4"])
+    r = run_entry("test.py", args + ["quant.bits=4"])
     assert r.returncode == 2 and "already quantised with bits=8" in r.stderr, r.stderr[-2000:]
 
 
@@ -107,7 +96,7 @@ def test_no_training_split_is_a_clear_error():
         "trainer.progress=false",
         "quant.bits=8",
     ]
-    r = _run("test.py", args)
+    r = run_entry("test.py", args)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "calibrates on the training split" in r.stderr and "/nonexistent/train" in r.stderr
 
@@ -138,7 +127,9 @@ def test_onnx_export_of_the_float_model_matches_pytorch(tmp_path):
     from addernet.models import build_model
 
     out = tmp_path / "resnet20.onnx"
-    info = _json(_run("scripts/export_onnx.py", [f"checkpoint={OFFICIAL_R20}", "model=resnet20", f"out={out}", *DATA]))
+    info = _json(
+        run_entry("scripts/export_onnx.py", [f"checkpoint={OFFICIAL_R20}", "model=resnet20", f"out={out}", *DATA])
+    )
     assert info["opset"] >= 17 and info["quant"] is None
     graph = onnx.load(str(out))
     assert {op.domain for op in graph.opset_import} <= {"", "ai.onnx"}
@@ -174,7 +165,7 @@ def test_onnx_export_of_the_quantised_checkpoint(quantized_checkpoint, tmp_path)
 
     path, _ = quantized_checkpoint
     out = tmp_path / "resnet20_q8.onnx"
-    _json(_run("scripts/export_onnx.py", [f"checkpoint={path}", f"out={out}"]))
+    _json(run_entry("scripts/export_onnx.py", [f"checkpoint={path}", f"out={out}"]))
     model, _ = load_quantized_into(build_model("resnet20").eval(), path)
     x = _sample(5)
     with torch.no_grad():

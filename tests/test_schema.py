@@ -19,7 +19,7 @@ from addernet.engine.evaluation import effective_config, stored_model
 from addernet.errors import ConfigError
 
 from helpers import FAKE as FAKE_RUN
-from helpers import REPO, SHARED, compose, needs_shared, run_main
+from helpers import REPO, SHARED, compose, needs_shared, run_entry
 
 PRESETS = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
 # group -> (a key of every option's schema with a value of the wrong type, the type named in the error)
@@ -150,14 +150,9 @@ def _run(entry, *args, cwd=None):
     ],
 )
 def test_entry_points_report_a_bad_command_line_in_one_line(entry, args, starts, tmp_path, monkeypatch):
-    from addernet.test import main as test_py
-    from addernet.tools import export_onnx, quantize
-    from addernet.train import main as train_py
-
-    mains = {"train.py": train_py, "test.py": test_py, "quantize.py": quantize.cli, "export_onnx.py": export_onnx.cli}
     monkeypatch.chdir(tmp_path)
     prog = entry.rpartition("/")[2]
-    r = run_main(mains[prog], prog, [*args, f"hydra.run.dir={tmp_path / 'run'}"])  # as `python entry args` runs it
+    r = run_entry(entry, [*args, f"hydra.run.dir={tmp_path / 'run'}"])  # as `python entry args` runs it
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith(f"{prog}: error: {starts}") and r.stderr.count("\n") == 1, r.stderr
 
