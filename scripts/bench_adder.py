@@ -29,7 +29,12 @@ with a warning when the machine was busy (others' load makes every figure noisy)
 each ResNet-20 shape (and the r50 ones unless --quick) called directly, float32, on one thread, in
 thread CPU time, the instruction sets (ADDERNET_CPU_ISA, docs/adder_layer.md) interleaved per round;
 G elements/s with elements = N x Cout x Cin x kh x kw x Ho x Wo, median and min-max over --repeats.
-Divide by scripts/cpu_peak.c's peak of the mix for the share of peak (docs/benchmarks.md).
+Divide by scripts/cpu_peak.c's peak of the mix for the share of peak (docs/benchmarks.md). The last column
+is the weight gradient (torch's convolution weight gradient and the W sum(g) term, the same on every
+instruction set of this package's kernels): divide by the FMA peak.
+
+--channels-last runs the whole-step timing with both twins and their batches in channels-last memory format
+(trainer.channels_last=true).
 
     python scripts/bench_adder.py --kernels native,avx2 [--quick] [--repeats N]
 """
@@ -57,6 +62,7 @@ from addernet.analysis.layer_shapes import with_batch
 from addernet.checks import json_with, output_file
 from addernet.errors import reported
 from addernet.models import build_model
+from addernet.ops.adder2d import grad_weight
 from addernet.ops.kernels import build, cpu
 from addernet.tools.bench import busy, ratio_summary, ref_estimate_gb
 
@@ -162,8 +168,8 @@ def kernel_throughput(shapes, isas, repeats):
     time, the instruction sets interleaved in each round)."""
     torch.set_num_threads(1)
     print(f"# float kernels, float32, 1 thread, thread CPU time, median (min-max) of {repeats} | {build.machine(1)}")
-    print("| shape | batch | " + " | ".join(f"{i} fwd G/s | {i} grad_in G/s" for i in isas) + " |")
-    print("|---|---" + "|---|---" * len(isas) + "|")
+    print("| shape | batch | " + " | ".join(f"{i} fwd G/s | {i} grad_in G/s" for i in isas) + " | grad_w G/s |")
+    print("|---|---" + "|---|---" * len(isas) + "|---|")
     for name, n, cin, cout, size, k, s, p in shapes:
         torch.manual_seed(0)
         x, w = torch.randn(n, cin, size, size), torch.randn(cout, cin, k, k)
@@ -171,7 +177,7 @@ def kernel_throughput(shapes, isas, repeats):
         g = torch.randn_like(cpu.forward(x, w, *conf))
         work = g.numel() * cin * k * k / 1e9
         calls = {"fwd": lambda: cpu.forward(x, w, *conf), "gin": lambda: cpu.grad_input(x, w, g, *conf)}
-        rates = {(i, c): [] for i in isas for c in calls}
+        rates = {(i, c): [] for i in isas for c in calls} | {"wgrad": []}
         for r in range(repeats + 1):  # the first round builds the kernels and warms the caches
             for i in isas:
                 os.environ["ADDERNET_CPU_ISA"] = i
@@ -180,21 +186,26 @@ def kernel_throughput(shapes, isas, repeats):
                     fn()
                     if r:
                         rates[i, c].append(work / (time.thread_time() - t))
+            t = time.thread_time()
+            grad_weight(x, w, g, *conf)
+            if r:
+                rates["wgrad"].append(work / (time.thread_time() - t))
         cells = [f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" for v in rates.values()]
         print(f"| {name} | {n} | " + " | ".join(cells) + " |", flush=True)
     os.environ.pop("ADDERNET_CPU_ISA")
     print(f"# after: {build.machine(1)}")
 
 
-def model_step(batch, repeats, layers=("adder", "conv")):
+def model_step(batch, repeats, layers=("adder", "conv"), channels_last=False):
     """Median ms of one whole ResNet-20 training step (forward, backward, adaptive LR, SGD step),
     AdderNet on the fast backend vs its CNN twin, on CIFAR-sized input."""
     os.environ["ADDERNET_BACKEND"] = "fast"
     torch.manual_seed(0)
-    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x, y = torch.randn(batch, 3, 32, 32).to(memory_format=fmt), torch.randint(0, 10, (batch,))
     out = {}
     for layer in layers:
-        model = build_model("resnet20", layer).train()
+        model = build_model("resnet20", layer).train().to(memory_format=fmt)
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
         if layer == "adder":
             AdaptiveLR(model, 0.2).attach(opt)
@@ -223,7 +234,7 @@ def _print_summary(r, what):
     )
 
 
-def step_ratio(batch, rounds, repeats, threads):
+def step_ratio(batch, rounds, repeats, threads, channels_last=False):
     """Whole-step ms of both twins, each in a fresh subprocess, interleaved A B A B."""
     times = {"adder": [], "conv": []}
     cpu = {"adder": [], "conv": []}
@@ -232,6 +243,8 @@ def step_ratio(batch, rounds, repeats, threads):
             cmd = [sys.executable, __file__, "--child-step", layer, "--batch", str(batch), "--repeats", str(repeats)]
             if threads:
                 cmd += ["--threads", str(threads)]
+            if channels_last:
+                cmd += ["--channels-last"]
             out = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), cwd=ROOT)
             if out.returncode:
                 sys.exit(f"whole-step child ({layer}, batch {batch}) failed:\n{out.stderr[-2000:]}")
@@ -316,6 +329,7 @@ def main():
     ap.add_argument("--train-rounds", type=int, default=3, help="interleaved rounds of train.py (0: skip)")
     ap.add_argument("--train-size", type=int, default=2560, help="FakeData images per train.py epoch")
     ap.add_argument("--kernels", help="only the float kernels' throughput for these instruction sets, e.g. native,avx2")
+    ap.add_argument("--channels-last", action="store_true", help="whole-step timing in channels-last memory format")
     ap.add_argument("--child-step", choices=("adder", "conv"), help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=64, help=argparse.SUPPRESS)
     ap.add_argument("--overwrite", action="store_true", help="let --json replace a file this script did not write")
@@ -325,7 +339,7 @@ def main():
     if args.child_step:  # one side of the whole-step timing, in this fresh process
         if args.threads:
             torch.set_num_threads(args.threads)
-        step = model_step(args.batch, args.repeats or 5, (args.child_step,))
+        step = model_step(args.batch, args.repeats or 5, (args.child_step,), args.channels_last)
         print(json.dumps({"ms": step[args.child_step], "cpu_ms": step[args.child_step + "_cpu"]}))
         return
     shapes = [RESNET20[0], RESNET20[4], RESNET20[5]] if args.quick else RESNET20 + RESNET50
@@ -350,7 +364,7 @@ def main():
     rows = [] if args.no_layers else bench(shapes, repeats, args.ref_limit_gb, min(args.ref_repeats, repeats))
     summaries = []
     for batch in (64, 128) if args.step_rounds else ():
-        for r in step_ratio(batch, args.step_rounds, 5 if args.quick else 10, args.threads):
+        for r in step_ratio(batch, args.step_rounds, 5 if args.quick else 10, args.threads, args.channels_last):
             summaries.append(r)
             _print_summary(r, "ratio (target <= 1.3)")
     if args.train_rounds:
