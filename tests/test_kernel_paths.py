@@ -201,6 +201,10 @@ def test_integer_network_equals_the_float64_reference_on_every_split(isa, bits, 
     quantised = quantised_resnet20(bits)
     x = random_images(3, 2)
     net = IntegerResNet(quantised)  # packed for this path's row alignment and tile
+    direct = {layer.direct for layer, *_ in net._steps}
+    # 8-bit lanes on AVX2/AVX-512 read some layers' planes in place (3x3 with 64 channels on both) and gather
+    # for others (AVX-512: 32 channels; AVX2: 16); the other paths always gather
+    assert direct == ({False, True} if bits == 8 and isa in ("avx2", "avx512") else {False}), direct
     whole = net.features(x)
     single = torch.cat([net.features(x[i : i + 1]) for i in range(3)])
     torch.set_num_threads(1)

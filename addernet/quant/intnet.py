@@ -87,7 +87,9 @@ class _Layer:
         beta = (-(s / lv) * c + q.bias_term.double() - bn.running_mean.double()) * k + bn.bias.double()
         o, cin, kh, kw = qw.shape
         kk = cin * kh * kw
-        self.kp = -(-kk // align) * align
+        rp = int_cpu.direct_row(cin, kh, kw, lane)  # > 0: the tiles read the input planes in place
+        self.direct = rp > 0
+        self.kp = kh * rp if self.direct else -(-kk // align) * align
         slots, tile_plane = [], []
         for p in range(len(self.scales)):
             members = torch.nonzero(plane == p).flatten().tolist()
@@ -96,8 +98,14 @@ class _Layer:
             tile_plane += [p] * (len(members) // ot)
         chan = torch.tensor(slots, dtype=torch.int64)
         real = chan >= 0
-        wrows = torch.zeros(len(slots), self.kp, dtype=torch.int64)
-        wrows[real, :kk] = u.permute(0, 2, 3, 1).reshape(o, kk)[chan[real]]
+        u = u.permute(0, 2, 3, 1)  # (i, j, c) order
+        if self.direct:  # each kernel row's kw*cin weights padded to rp
+            wrows = torch.zeros(len(slots), kh, rp, dtype=torch.int64)
+            wrows[real, :, : kw * cin] = u.reshape(o, kh, kw * cin)[chan[real]]
+            wrows = wrows.reshape(len(slots), self.kp)
+        else:
+            wrows = torch.zeros(len(slots), self.kp, dtype=torch.int64)
+            wrows[real, :kk] = u.reshape(o, kk)[chan[real]]
         self.w = wrows.to(lane).contiguous()
         self.chan = chan
         self.tile_plane = torch.tensor(tile_plane, dtype=torch.int64)
@@ -182,6 +190,7 @@ class IntegerResNet(nn.Module):
         if (h, w) in self._ops_for:
             return self._ops_for[(h, w)]
         steps, lv = self._steps, levels(self.bits)
+        border = max(max(layer.q.padding) for layer, *_ in steps)  # every plane's zero border: no bounds checks
         elem = torch.empty((), dtype=self.lane).element_size()
         last = steps[-1][2]
         bufs = [[0, -1, -1], [0, -1, -1]]  # per buffer: [bytes, producing op, last reading op]; 0/1: input, output
@@ -198,7 +207,8 @@ class IntegerResNet(nn.Module):
             """Allocate act's float copy and planes, written by op `at`; returns (out_buf, q_bufs, invs)."""
             n = act.c * act.h * act.w
             act.float_buf = (1 if act is last else new_buf(4 * n, at)) if act.needs_float else None
-            act.planes = {s: new_buf(elem * n, at) for s in act.scales}
+            bordered = act.c * (act.h + 2 * border) * (act.w + 2 * border)
+            act.planes = {s: new_buf(elem * bordered, at) for s in act.scales}
             return (
                 -1 if act.float_buf is None else act.float_buf,
                 [act.planes[s] for s in act.scales],
@@ -257,6 +267,7 @@ class IntegerResNet(nn.Module):
                     Ho=ho,
                     Wo=wo,
                     Kp=layer.kp,
+                    direct=int(layer.direct),
                     n_tiles=len(layer.tile_plane),
                     n_planes=len(planes),
                     in_buf=planes[0],
@@ -283,7 +294,7 @@ class IntegerResNet(nn.Module):
             for name in int_cpu.INT_FIELDS:  # those an op does not use are 0
                 setattr(co, name, int(o.get(name, 0)))
             co.in_buf = o["in_buf"]
-            co.n_q, co.lv = len(o["q"]), lv
+            co.n_q, co.lv, co.border = len(o["q"]), lv, border
             if co.n_q > int_cpu.MAX_OUTPUTS:
                 raise ValueError(
                     f"an activation is read at {co.n_q} scales; the integer network handles at most "

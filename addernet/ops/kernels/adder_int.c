@@ -184,7 +184,87 @@ static void sad_tile_u8(const uint8_t *rows, const uint8_t *w, int64_t Kp, int32
 #pragma GCC unroll 8
     for (int t = 0; t < PT; t++) fold4(a[t][0], a[t][1], a[t][2], a[t][3], acc[t]);
 }
+#endif
+
+#if ISA_AVX2
+/* The integer network's tile without a gather: pixel t's patch is read in place from a zero-bordered
+ * channels-last plane, kh runs of R = kw*C bytes rs bytes apart starting at xs[t]; filter o's weights
+ * are kh runs of R bytes, each padded with zeros to Rp (a multiple of the vector width) and Kp = kh*Rp
+ * apart. A run's last partial vector is loaded under a byte mask (AVX-512) or as 16 bytes (AVX2: R is a
+ * multiple of 16), so no byte past the run is read into a sum. */
+static void sad_direct_u8(const uint8_t *const xs[PT], int64_t rs, int64_t kh, int64_t R, const uint8_t *w,
+                          int64_t Kp, int32_t acc[PT][OT]) {
+    const int64_t Rp = Kp / kh, full = R / (int64_t)sizeof(svec) * (int64_t)sizeof(svec);
+    svec a[PT][OT];
+#pragma GCC unroll 8
+    for (int t = 0; t < PT; t++)
+#pragma GCC unroll 8
+        for (int o = 0; o < OT; o++) a[t][o] = ZERO();
+#if ISA_AVX512
+    const __mmask64 tail = R > full ? (~(__mmask64)0) >> (64 - (R - full)) : 0;
+#endif
+    for (int64_t i = 0; i < kh; i++) {
+        const uint8_t *wi = w + i * Rp;
+        const int64_t xo = i * rs;
+        int64_t k = 0;
+        for (; k < full; k += sizeof(svec)) {
+            svec wv[OT];
+#pragma GCC unroll 8
+            for (int o = 0; o < OT; o++) wv[o] = SLOAD(wi + o * Kp + k);
+#pragma GCC unroll 8
+            for (int t = 0; t < PT; t++) {
+                const svec xv = SLOAD(xs[t] + xo + k);
+#pragma GCC unroll 8
+                for (int o = 0; o < OT; o++) a[t][o] = ADD64(a[t][o], SAD(xv, wv[o]));
+            }
+        }
+#if ISA_AVX512
+        if (tail) {
+            svec wv[OT];
+#pragma GCC unroll 8
+            for (int o = 0; o < OT; o++) wv[o] = SLOAD(wi + o * Kp + k);
+#pragma GCC unroll 8
+            for (int t = 0; t < PT; t++) {
+                const svec xv = _mm512_maskz_loadu_epi8(tail, xs[t] + xo + k);
+#pragma GCC unroll 8
+                for (int o = 0; o < OT; o++) a[t][o] = ADD64(a[t][o], SAD(xv, wv[o]));
+            }
+        }
 #else
+        if (k < R) { /* 16 bytes left */
+            __m128i wv[OT];
+#pragma GCC unroll 8
+            for (int o = 0; o < OT; o++) wv[o] = _mm_loadu_si128((const __m128i *)(wi + o * Kp + k));
+#pragma GCC unroll 8
+            for (int t = 0; t < PT; t++) {
+                const __m128i xv = _mm_loadu_si128((const __m128i *)(xs[t] + xo + k));
+#pragma GCC unroll 8
+                for (int o = 0; o < OT; o++) a[t][o] = ADD64(a[t][o], _mm256_zextsi128_si256(_mm_sad_epu8(xv, wv[o])));
+            }
+        }
+#endif
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < PT; t++) fold4(a[t][0], a[t][1], a[t][2], a[t][3], acc[t]);
+}
+#endif
+
+/* Weight row stride per kernel row (Rp) when the integer network's tiles read a kh x kw layer with C input
+ * channels in place (sad_direct_u8), or 0 when they gather patches for it: 8-bit lanes, AVX2 or AVX-512
+ * (AVX2: kw*C a multiple of 16), and no more vector steps per pixel than the gathered row's. */
+int adder_intnet_direct_row(int64_t C, int64_t kh, int64_t kw, int bytes) {
+#if ISA_AVX2
+    const int64_t R = kw * C, V = sizeof(svec);
+    const int64_t direct = kh * ((R + V - 1) / V), gathered = ((kh * R + SADB - 1) / SADB * SADB + V - 1) / V;
+    if (bytes != 1 || direct > gathered || (!ISA_AVX512 && R % 16)) return 0;
+    return (int)((R + V - 1) / V * V);
+#else
+    (void)C, (void)kh, (void)kw, (void)bytes;
+    return 0;
+#endif
+}
+
+#if !ISA_SSE2
 SAD_TILE_C(uint8_t)
 #define sad_tile_u8 sad_tile_c_uint8_t
 #endif
@@ -259,6 +339,7 @@ _Static_assert(OT == 4, "the vector epilogue writes 4 channels");
 typedef struct {
     int64_t kind, C, H, W, O, kh, kw, sh, sw, ph, pw, Ho, Wo, Kp, n_tiles, n_planes;
     int64_t in_buf, out_buf, res_buf, relu, n_q, lv;
+    int64_t border, direct; /* zero border of every integer plane; 1: adder tiles read planes in place */
     int64_t q_buf[MAXQ];
     double inv[MAXQ];
     const void *w;              /* [n_tiles * OT][Kp] packed unsigned weights */
@@ -274,10 +355,14 @@ typedef struct {
 #define T uint8_t
 #define SUF u8
 #define TILE sad_tile_u8
+#if ISA_AVX2
+#define DIRECT_TILE sad_direct_u8
+#endif
 #include "adder_intnet_body.h"
 #undef T
 #undef SUF
 #undef TILE
+#undef DIRECT_TILE
 #define T uint16_t
 #define SUF u16
 #define TILE sad_tile_u16

@@ -119,6 +119,8 @@ INT_FIELDS = (
     "relu",
     "n_q",
     "lv",
+    "border",
+    "direct",
 )
 
 
@@ -147,11 +149,18 @@ FUNCTIONS = {
     "adder_int_pixel_tile": (_INT, ()),
     "adder_intnet_forward": (_INT, (_P, _I64, _INT, _P, _I64, _P, _I64, _I64, _P, _I64, _P, _I64, _I64, _INT)),
     "adder_intnet_op_size": (_INT, ()),
+    "adder_intnet_direct_row": (_INT, (_I64, _I64, _I64, _INT)),
 }
 
 
 def filter_tile():
     return _lib().adder_int_filter_tile()
+
+
+def direct_row(channels, kh, kw, lane):
+    """Weight bytes per kernel row when the integer network's tiles read a layer's input planes in place
+    (adder_int.c sad_direct_u8), or 0 when this kernel path gathers patches for it."""
+    return _lib().adder_intnet_direct_row(channels, kh, kw, LANES[lane])
 
 
 def row_align():
