@@ -189,12 +189,12 @@ static void sad_tile_u8(const uint8_t *rows, const uint8_t *w, int64_t Kp, int32
 #if ISA_AVX2
 /* The integer network's tile without a gather: pixel t's patch is read in place from a zero-bordered
  * channels-last plane, kh runs of R = kw*C bytes rs bytes apart starting at xs[t]; filter o's weights
- * are kh runs of R bytes, each padded with zeros to Rp (a multiple of the vector width) and Kp = kh*Rp
+ * are kh runs of R bytes, each padded with zeros to Rp (a multiple of the vector width), Kp = kh*Rp
  * apart. A run's last partial vector is loaded under a byte mask (AVX-512) or as 16 bytes (AVX2: R is a
  * multiple of 16), so no byte past the run is read into a sum. */
 static void sad_direct_u8(const uint8_t *const xs[PT], int64_t rs, int64_t kh, int64_t R, const uint8_t *w,
-                          int64_t Kp, int32_t acc[PT][OT]) {
-    const int64_t Rp = Kp / kh, full = R / (int64_t)sizeof(svec) * (int64_t)sizeof(svec);
+                          int64_t Kp, int64_t Rp, int32_t acc[PT][OT]) {
+    const int64_t full = R / (int64_t)sizeof(svec) * (int64_t)sizeof(svec);
     svec a[PT][OT];
 #pragma GCC unroll 8
     for (int t = 0; t < PT; t++)

@@ -94,17 +94,17 @@ static inline void CAT(emit8_, SUF)(const intnet_op *op, void **bufs, __m512d a,
 
 /* acc = tile b of an adder op at the tile's pixels (patches at at[] in place, or the gathered rows). */
 static inline void CAT(tile_, SUF)(const intnet_op *op, void **bufs, int64_t b, const int64_t *at, const T *rows,
-                                  int32_t acc[PT][OT]) {
+                                  int64_t Rp, int32_t acc[PT][OT]) {
     const T *w = (const T *)op->w + b * OT * op->Kp;
 #ifdef DIRECT_TILE
     if (op->direct) {
         const T *plane = bufs[op->in_planes[op->tile_plane[b]]], *xs[PT];
         for (int t = 0; t < PT; t++) xs[t] = plane + at[t];
-        DIRECT_TILE(xs, (op->W + 2 * op->border) * op->C, op->kh, op->kw * op->C, w, op->Kp, acc);
+        DIRECT_TILE(xs, (op->W + 2 * op->border) * op->C, op->kh, op->kw * op->C, w, op->Kp, Rp, acc);
         return;
     }
 #endif
-    (void)bufs, (void)at;
+    (void)bufs, (void)at, (void)Rp;
     TILE(rows + op->tile_plane[b] * PT * op->Kp, w, op->Kp, acc);
 }
 
@@ -128,7 +128,7 @@ static void CAT(run_op_, SUF)(const intnet_op *op, void **bufs, int64_t q0, int6
         }
         return;
     }
-    const int64_t Kp = op->Kp, L = op->Ho * op->Wo;
+    const int64_t Kp = op->Kp, L = op->Ho * op->Wo, Rp = Kp / op->kh; /* Rp: in place, a kernel row's weights */
     int32_t acc[PT][OT];
     int64_t oy = q0 / wo, ox = q0 % wo; /* the pixel q's coordinates, stepped along */
     for (int64_t q = q0; q < q1; q += PT) {
@@ -143,13 +143,13 @@ static void CAT(run_op_, SUF)(const intnet_op *op, void **bufs, int64_t q0, int6
             for (int64_t p = 0; p < op->n_planes; p++)
                 CAT(gather_hwc_, SUF)((const T *)bufs[op->in_planes[p]], op, at, rows + p * PT * Kp);
         for (int64_t b = 0; b < op->n_tiles; b++) {
-            CAT(tile_, SUF)(op, bufs, b, at, rows, acc);
+            CAT(tile_, SUF)(op, bufs, b, at, rows, Rp, acc);
             const int64_t first = op->tile_first[b];
             (void)first;
 #ifdef HAVE_EMIT8
             if (first >= 0 && b + 1 < op->n_tiles && op->tile_first[b + 1] == first + OT) { /* 8 channels */
                 int32_t acc2[PT][OT];
-                CAT(tile_, SUF)(op, bufs, b + 1, at, rows, acc2);
+                CAT(tile_, SUF)(op, bufs, b + 1, at, rows, Rp, acc2);
                 for (int64_t t = 0; t < np; t++) {
                     const __m256i a = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)acc[t])),
                                                               _mm_loadu_si128((const __m128i *)acc2[t]), 1);
