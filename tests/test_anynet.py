@@ -167,6 +167,39 @@ def test_l1_scores_on_two_threads_equal_closed_form(dtype, lead, key_grad, d, tw
     assert ((k.grad.double() - want_dk).abs() <= f32_sum_bound(dk_abs, 2 * 17)).all()
 
 
+@pytest.mark.parametrize("key_grad", ["hardtanh", "full"])
+@pytest.mark.parametrize("images", [3, 1])  # 3: the images split across two threads; 1: its heads split
+def test_l1_scores_read_the_attention_layout_in_place(key_grad, images, two_threads):
+    """q and k as AdderAttention splits a projection into heads: (B, H, N, d) views of memory [B][N][H][d]. The CPU
+    kernel takes each image's keys as its own weight and reads them there; the scores and both gradients equal the
+    float64 closed form, and the query gradient comes back in the projection's layout."""
+    torch.manual_seed(7)
+    heads, d = 3, 16
+    proj_q = torch.randn(images, 11, heads * d, dtype=torch.float64, requires_grad=True)
+    proj_k = torch.randn(images, 7, heads * d, dtype=torch.float64, requires_grad=True)
+    q = proj_q.view(images, 11, heads, d).transpose(1, 2)
+    k = proj_k.view(images, 7, heads, d).transpose(1, 2)
+    s = l1_scores(q, k, key_grad)
+    g = torch.randn_like(s)
+    s.backward(g)
+    want_s, want_dq, want_dk = _closed_scores(q.detach(), k.detach(), g, key_grad)
+    torch.testing.assert_close(s, want_s, rtol=0, atol=1e-12)
+    torch.testing.assert_close(proj_q.grad, want_dq.transpose(1, 2).reshape(proj_q.shape), rtol=0, atol=1e-12)
+    torch.testing.assert_close(proj_k.grad, want_dk.transpose(1, 2).reshape(proj_k.shape), rtol=0, atol=1e-12)
+
+
+def test_l1_scores_cpu_ops_pass_torch_opcheck():
+    """The CPU kernel's ops (a weight per image) agree with their fake implementations and schemas, so torch.compile
+    and export can trace them."""
+    from addernet.ops.attention import _scores_cpu, _scores_grad_cpu
+
+    q = torch.randn(2, 3, 5, 4).transpose(1, 2).contiguous().transpose(1, 2)
+    k, g = torch.randn(2, 3, 6, 4), torch.randn(2, 3, 5, 6)
+    torch.library.opcheck(_scores_cpu, (q, k))
+    torch.library.opcheck(_scores_grad_cpu, (q, k, g, False))
+    torch.library.opcheck(_scores_grad_cpu, (k, q, g, True))
+
+
 def _reference_attention(m, x):
     """AdderAttention's output by float64 broadcasting from its parameters (projections AdderLinear + LN)."""
 

@@ -45,11 +45,17 @@ def category(ev):
         e = e.cpu_parent
     own = names[0]
     # inside l1_scores (no autograd wrapper) the forward kernel runs as the op's own event
-    kernel = own in ("addernet::adder2d_forward", "addernet::adder2d_grad_input")
+    kernel = own in (
+        "addernet::adder2d_forward",
+        "addernet::adder2d_grad_input",
+        "L1ScoresCPU",  # the CPU kernel with a weight per image: its forward (the kernel call) and its ops
+        "addernet::l1_scores_cpu",
+        "addernet::l1_scores_grad_cpu",
+    )
     for n in names:
         if n == L1_SCORES:
             return f"l1_scores forward: {'kernel' if kernel else 'layout copies'}"
-        if n.endswith("L1ScoresBackward"):
+        if n.startswith("L1Scores") and n.endswith("Backward"):
             return f"l1_scores backward: {'kernel' if kernel else 'layout copies'}"
     for i, n in enumerate(names):
         # the custom op's CPU kernel runs as an event named after its autograd wrapper

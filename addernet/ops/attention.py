@@ -14,9 +14,12 @@ Gradients, with g = dL/dS:
 Which of the two the keys get is our choice, not the paper's (docs/any_network.md).
 """
 
+import math
+
 import torch
 
-from .adder2d import _backend, _forward_op, _grad_input_op, grad_weight
+from .adder2d import _backend, _cpu_kernels, _forward_op, _grad_input_op, grad_weight
+from .kernels import cpu
 
 KEY_GRADS = ("hardtanh", "full")
 _ONE, _ZERO = [1, 1], [0, 0]
@@ -73,6 +76,54 @@ class L1Scores(torch.autograd.Function):
         return gq, gk, None, None
 
 
+@torch.library.custom_op("addernet::l1_scores_cpu", mutates_args=(), device_types="cpu")
+def _scores_cpu(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The CPU kernel's scores of q (B, H, Nq, d) against a weight per image, k (B, H, Nk, d) (kernels/cpu.py)."""
+    return cpu.scores(q, k)
+
+
+@_scores_cpu.register_fake
+def _(q, k):
+    return q.new_empty(*q.shape[:3], k.shape[2])
+
+
+@torch.library.custom_op("addernet::l1_scores_grad_cpu", mutates_args=(), device_types="cpu")
+def _scores_grad_cpu(q: torch.Tensor, k: torch.Tensor, grad: torch.Tensor, transposed: bool) -> torch.Tensor:
+    """sum_j g_ij HardTanh(k_j - q_i) per image and head (kernels/cpu.py scores_grad)."""
+    return cpu.scores_grad(q, k, grad, transposed)
+
+
+@_scores_grad_cpu.register_fake
+def _(q, k, grad, transposed):
+    b, h, n, d = q.shape
+    return q.new_empty(b, n, h, d).transpose(1, 2)
+
+
+class L1ScoresCPU(torch.autograd.Function):
+    """l1_scores on the CPU kernel for q (B, H, Nq, d), k (B, H, Nk, d): each image's keys are its own weight, so
+    the attention layouts are read and written in place (no regrouping of the B*H heads into one image)."""
+
+    @staticmethod
+    def forward(ctx, q, k, key_grad):
+        ctx.save_for_backward(q, k)
+        ctx.key_grad = key_grad
+        return _scores_cpu(q, k)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k = ctx.saved_tensors
+        grad = grad.to(q.dtype)
+        gq = gk = None
+        if ctx.needs_input_grad[0]:
+            gq = _scores_grad_cpu(q, k, grad, False)
+        if ctx.needs_input_grad[1]:
+            if ctx.key_grad == "hardtanh":  # the same kernel with the roles of q and k swapped
+                gk = _scores_grad_cpu(k, q, grad, True)
+            else:  # sum_i g_ij (q_i - k_j), as adder2d.grad_weight
+                gk = grad.transpose(-1, -2) @ q - k * grad.sum(-2).unsqueeze(-1)
+        return gq, gk, None
+
+
 def l1_scores(q, k, key_grad="hardtanh"):
     """S[..., i, j] = -||q[..., i, :] - k[..., j, :]||_1 for q (..., Nq, d) and k (..., Nk, d) with the same
     leading dimensions; gradients as in the module docstring. Under autocast the scores are computed and returned
@@ -99,5 +150,10 @@ def l1_scores(q, k, key_grad="hardtanh"):
         return -(q.unsqueeze(-2) - k.unsqueeze(-3)).abs().sum(-1)
     backend = _backend()
     backend = "eager" if backend == "reference" else backend
-    s = L1Scores.apply(q.reshape(-1, nq, d), k.reshape(-1, nk, d), key_grad, backend)
+    if backend == "fast" and q.device.type == "cpu" and _cpu_kernels() is cpu:
+        heads = lead[-1] if lead else 1  # the last leading dimension: the groups of one image
+        b = math.prod(lead[:-1])
+        s = L1ScoresCPU.apply(q.reshape(b, heads, nq, d), k.reshape(b, heads, nk, d), key_grad)
+    else:
+        s = L1Scores.apply(q.reshape(-1, nq, d), k.reshape(-1, nk, d), key_grad, backend)
     return s.view(*lead, nq, nk)

@@ -152,7 +152,7 @@ static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *t
     }
 }
 
-/* y[n0:n1, groups g0:g1, pixels q0:q1] = -sum |xpad - w|. wt is the NEGATED weight -w packed per group as blocks of
+/* y[n0:n1, groups g0:g1, pixels q0:q1] = -sum |xpad - w|. wt is the NEGATED weight -w (one per image with wimg) packed per group as blocks of
  * 2*VL output channels (the last block VL wide when Opad is an odd multiple of VL), each block
  * [kh][kw][Cg][block width] and starting at element ob*K of the group (zero in Og..Opad-1);
  * y is written through strides ys. Returns 0, or 1 when scratch memory cannot be allocated. */
@@ -172,8 +172,8 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
         const T *img = inplace ? x + n * xs[0] : buf;
         if (!inplace) FN(pad_image)(x + n * xs[0], xs, s, buf, g0, g1);
         for (int64_t g = g0; g < g1; g++) {
-            const T *wg = wt + g * K * Opad, *bg = img + g * s->Cgp;
-            T *yg = y + n * ys[0] + g * Og * ys[1];
+            const T *wg = wt + (s->wimg * n * G + g) * K * Opad, *bg = img + g * s->Cgp;
+            T *yg = y + n * ys[0] + g * (s->ygs ? s->ygs : Og * ys[1]);
             int64_t ob = 0;
             for (; ob + 2 * VL <= Opad; ob += 2 * VL)
                 for (int64_t q = q0; q < q1; q += FWD_P2) {
@@ -240,7 +240,8 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
         if (!xin) FN(pad_image)(x + n * xs[0], xs, s, buf, g0, g1);
         FN(zero_groups)(s, gi, g0, g1);
         for (int64_t gr = g0; gr < g1; gr++) {
-            const T *gg = g + n * gs[0] + gr * Og * gs[1];
+            const T *gg = g + n * gs[0] + gr * (s->ygs ? s->ygs : Og * gs[1]);
+            const T *wgr = w2 + (s->wimg * n * G + gr) * Og * wo;
             for (int64_t q = 0; q < L; q += GIN_P) {
                 const int64_t m = L - q < GIN_P ? L - q : GIN_P;
                 int direct = m == GIN_P;
@@ -255,7 +256,7 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
                         for (int64_t cv = 0; cv < Cgp; cv += VL) {
                             const int64_t base = gr * Cgp + i * di + j * dj + cv;
                             FN(gin_tile)(xi + base, gi + base, xo + q, m,
-                                         w2 + gr * Og * wo + ((i * kw + j) * Cgp + cv) * Og, gtile, gos, Og);
+                                         wgr + ((i * kw + j) * Cgp + cv) * Og, gtile, gos, Og);
                         }
             }
         }

@@ -146,12 +146,13 @@ def _load(name, isa):
 class Geometry(ctypes.Structure):
     """One adder layer call's shape: geometry.h's adder_geometry, field for field, passed to every kernel of both
     libraries. Cgp is the float kernels' padded channels per group, Kp the integer kernel's patch row length; each
-    kernel leaves the other's at 0."""
+    kernel leaves the other's at 0. wimg and ygs (float kernels, l1_scores) default to 0: one weight for all images,
+    output groups Og channels apart."""
 
     _fields_ = [
         (name, ctypes.c_int64)
         for name in ("N", "C", "H", "W", "G", "Cg", "Og", "kh", "kw", "sh", "sw", "ph", "pw", "dh", "dw", "Ho", "Wo")
-        + ("Cgp", "Kp", "Opad")
+        + ("Cgp", "Kp", "Opad", "wimg", "ygs")
     ]
 
     @classmethod

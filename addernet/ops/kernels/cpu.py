@@ -109,6 +109,33 @@ def _pointwise_view(x, w, stride, padding):
     return x[:, :, :: stride[0], :: stride[1]]
 
 
+def _pack_forward(w, opad, vl):
+    """w (..., K, Og): each group's weight (the leading dimensions index the groups) as K rows of Og output channels ->
+    the NEGATED weight packed per group in blocks of 2*vl output channels, [K][block] each, zero in Og..Opad-1
+    (adder_cpu.c); the kernel computes x - w as fma(x, 1, -w) (same rounding, other pipes)."""
+    k = w.shape[-2]
+    wt = F.pad(w.detach(), (0, opad - w.shape[-1])).neg().reshape(-1, k, opad)
+    g, full = wt.shape[0], opad // (2 * vl) * (2 * vl)
+    blocks = wt[..., :full].reshape(g, k, full // (2 * vl), 2 * vl).transpose(1, 2)
+    return torch.cat([blocks.reshape(g, -1), wt[..., full:].reshape(g, -1)], 1).contiguous()
+
+
+def _pack_grad_input(w, cgp, vl):
+    """w (..., Og, kh, kw, Cg): each group's weight -> [G][kh][kw][Cgp/vl][Og][vl] (zero channel padding): a kernel
+    tile streams one contiguous block of it."""
+    og, kh, kw, cg = w.shape[-4:]
+    w2 = F.pad(w.detach(), (0, cgp - cg)).reshape(-1, og, kh, kw, cgp // vl, vl)
+    return w2.permute(0, 2, 3, 4, 1, 5).contiguous()
+
+
+def _forward_ranges(s):
+    """(n0, n1, q0, q1, g0, g1) per thread: images, else groups, else (small batch, few groups) each image's pixels."""
+    workers, pixels = torch.get_num_threads(), s.Ho * s.Wo
+    if s.N >= workers or s.G >= workers:
+        return [(n0, n1, 0, pixels, g0, g1) for n0, n1, g0, g1 in _image_ranges(s.N, s.G, workers)]
+    return [(n, n + 1, a, b, 0, s.G) for n in range(s.N) for a, b in _splits(pixels, workers)]
+
+
 def forward(x, w, stride, padding, dilation, groups):
     """y = -sum|x - w| (no bias), shape (N, Cout, Ho, Wo), in x's memory format (conv_args.output_format)."""
     view = _pointwise_view(x, w, stride, padding)
@@ -117,25 +144,15 @@ def forward(x, w, stride, padding, dilation, groups):
     dt = compute_dtype(x.dtype)
     xk, wk = x.to(dt), w.to(dt)
     s = _geometry(xk, wk, stride, padding, dilation, groups, cpad=False)
-    vl = _lib().adder_vbytes() // xk.element_size()
-    G, Cg, Og, kh, kw = s.G, s.Cg, s.Og, s.kh, s.kw
-    K = Cg * kh * kw
-    # negated: the kernel computes x - w as fma(x, 1, -w) (same rounding, other pipes; adder_cpu.c)
-    wt = wk.detach().neg().reshape(G, Og, Cg, kh, kw).permute(0, 3, 4, 2, 1).reshape(G, K, Og)
-    wt = F.pad(wt, (0, s.Opad - Og))
-    full = s.Opad // (2 * vl) * (2 * vl)  # blocks of 2*vl output channels, [K][block] each; see adder_cpu.c
-    blocks = wt[..., :full].reshape(G, K, full // (2 * vl), 2 * vl).transpose(1, 2)
-    wt = torch.cat([blocks.reshape(G, -1), wt[..., full:].reshape(G, -1)], 1).contiguous()
+    per_group = wk.reshape(groups, s.Og, s.Cg, s.kh, s.kw)
+    wt = _pack_forward(
+        per_group.permute(0, 3, 4, 2, 1).flatten(1, 3), s.Opad, _lib().adder_vbytes() // xk.element_size()
+    )
     y = torch.empty(s.N, w.shape[0], s.Ho, s.Wo, dtype=dt, memory_format=output_format(x))
     if y.numel() == 0:
         return y.to(x.dtype)
-    workers, pixels = torch.get_num_threads(), s.Ho * s.Wo
-    if s.N >= workers or G >= workers:
-        ranges = [(n0, n1, 0, pixels, g0, g1) for n0, n1, g0, g1 in _image_ranges(s.N, G, workers)]
-    else:  # small batch, few groups: split each image's output pixels instead
-        ranges = [(n, n + 1, a, b, 0, G) for n in range(s.N) for a, b in _splits(pixels, workers)]
     args = (xk.data_ptr(), _arr(xk.stride()), wt.data_ptr(), y.data_ptr(), _arr(y.stride()), s)
-    _run("adder_forward", dt, args, ranges, y.numel() * wk[0].numel())
+    _run("adder_forward", dt, args, _forward_ranges(s), y.numel() * wk[0].numel())
     return y.to(x.dtype)
 
 
@@ -149,11 +166,8 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups):
     dt = compute_dtype(x.dtype)
     xk, wk, gk = x.to(dt), w.to(dt), grad_out.to(dt)
     s = _geometry(xk, wk, stride, padding, dilation, groups, cpad=True)
-    G, Cg, Og, kh, kw, cgp = s.G, s.Cg, s.Og, s.kh, s.kw, s.Cgp
-    vl = _lib().adder_vbytes() // xk.element_size()
-    w2 = F.pad(wk.detach().reshape(G, Og, Cg, kh, kw).permute(0, 1, 3, 4, 2), (0, cgp - Cg))
-    # [G][kh][kw][Cgp/vl][Og][vl]: a kernel tile streams one contiguous block
-    w2 = w2.reshape(G, Og, kh, kw, cgp // vl, vl).permute(0, 2, 3, 4, 1, 5).contiguous()
+    per_group = wk.reshape(groups, s.Og, s.Cg, s.kh, s.kw).permute(0, 1, 3, 4, 2)
+    w2 = _pack_grad_input(per_group, s.Cgp, _lib().adder_vbytes() // xk.element_size())
     gx = torch.empty(x.shape, dtype=dt, memory_format=output_format(x))
     if gx.numel() == 0 or gk.numel() == 0:
         return gx.zero_().to(x.dtype)
@@ -167,5 +181,70 @@ def grad_input(x, w, grad_out, stride, padding, dilation, groups):
         _arr(gx.stride()),
         s,
     )
-    _run("adder_grad_input", dt, args, _image_ranges(s.N, G, torch.get_num_threads()), gk.numel() * wk[0].numel())
+    _run("adder_grad_input", dt, args, _image_ranges(s.N, s.G, torch.get_num_threads()), gk.numel() * wk[0].numel())
     return gx.to(x.dtype)
+
+
+# ---- l1_scores (ops/attention.py): a weight per image, the attention layouts read and written in place -------------
+
+
+def _images(a):
+    """(B, H, n, d) -> (B, H*d, n, 1): n pixels of H groups of d channels, channels-last. A view when a's memory is
+    [B][n][H][d] (how attention splits a projection into heads), else one copy."""
+    b, h, n, d = a.shape
+    return a.transpose(1, 2).reshape(b, n, 1, h * d).permute(0, 3, 1, 2)
+
+
+def _scores_geometry(x, heads, m, cpad):
+    """Geometry of images x (B, H*d, n, 1) against a weight per image of H groups of m filters of d channels; the
+    output (gradient) is (B, H, n, m): its groups n*m apart."""
+    n, d = x.shape[2], x.shape[1] // heads
+    s = _geometry(x, torch.empty(heads * m, d, 1, 1, device="meta"), (1, 1), (0, 0), (1, 1), heads, cpad)
+    s.wimg, s.ygs = 1, n * m
+    return s
+
+
+def scores(q, k):
+    """S[b, h, i, j] = -sum_c |q[b, h, i, c] - k[b, h, j, c]| for q (B, H, Nq, d) and k (B, H, Nk, d) of one float
+    dtype: every image b its own keys as the weight of H groups. Returns S contiguous (B, H, Nq, Nk), written by the
+    kernel in place; q is read in place when its memory is [B][Nq][H][d]."""
+    dt = compute_dtype(q.dtype)
+    b, h, nq, d = q.shape
+    nk = k.shape[2]
+    x, kk = _images(q.to(dt)), k.to(dt)
+    s = _scores_geometry(x, h, nk, cpad=False)
+    wt = _pack_forward(kk.transpose(2, 3), s.Opad, _lib().adder_vbytes() // x.element_size())
+    y = torch.empty(b, h, nq, nk, dtype=dt)
+    if y.numel():
+        args = (x.data_ptr(), _arr(x.stride()), wt.data_ptr(), y.data_ptr(), _arr((h * nq * nk, 1, nk, 1)), s)
+        _run("adder_forward", dt, args, _forward_ranges(s), y.numel() * d)
+    return y.to(q.dtype)
+
+
+def scores_grad(q, k, grad, transposed):
+    """The input gradient of scores() for q: dL/dq[b, h, i] = sum_j g_ij HardTanh(k_j - q_i), with g = grad (B, H,
+    Nq, Nk); transposed=True reads g as its transpose (B, H, Nk, Nq) (the keys' gradient: the call with q and k
+    swapped). Returns it as a view (B, H, Nq, d) of memory [B][Nq][H][d], the layout of q's projection."""
+    dt = compute_dtype(q.dtype)
+    b, h, nq, d = q.shape
+    nk = k.shape[2]
+    x, kk = _images(q.to(dt)), k.to(dt)
+    s = _scores_geometry(x, h, nk, cpad=True)
+    w2 = _pack_grad_input(kk[:, :, :, None, None, :], s.Cgp, _lib().adder_vbytes() // x.element_size())
+    g = grad.to(dt).contiguous()
+    # as (B, H*Nk, Nq, 1): channel j, pixel i of group h; g's memory is [B][H][Nq][Nk], or [B][H][Nk][Nq] transposed
+    gs = (h * nq * nk, nq, 1, 1) if transposed else (h * nq * nk, 1, nk, 1)
+    gx = torch.empty(b, nq, 1, h * d, dtype=dt).permute(0, 3, 1, 2)  # (B, H*d, Nq, 1) channels-last
+    if gx.numel():
+        args = (
+            x.data_ptr(),
+            _arr(x.stride()),
+            w2.data_ptr(),
+            g.data_ptr(),
+            _arr(gs),
+            gx.data_ptr(),
+            _arr(gx.stride()),
+            s,
+        )
+        _run("adder_grad_input", dt, args, _image_ranges(b, h, torch.get_num_threads()), g.numel() * d)
+    return gx.to(q.dtype).permute(0, 2, 3, 1).reshape(b, nq, h, d).transpose(1, 2)

@@ -14,6 +14,10 @@ typedef struct {
     int64_t Cgp;  /* float kernels: channels per group in the padded scratch image (>= Cg) */
     int64_t Kp;   /* integer kernel: length of a gathered patch row (kh*kw*Cg rounded up to the row alignment) */
     int64_t Opad; /* Og rounded up to the output-channel block (float: the vector width; integer: the filter tile) */
+    int64_t wimg; /* float kernels: 0, one weight for every image; 1, a weight per image (its groups follow image n's
+                   * at group n*G): l1_scores' keys */
+    int64_t ygs;  /* float kernels: elements between groups of the output (forward) or output gradient (input
+                   * gradient) tensor; 0: Og times its channel stride */
 } adder_geometry;
 
 int adder_geometry_size(void) { return (int)sizeof(adder_geometry); }
