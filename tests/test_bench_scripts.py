@@ -70,9 +70,13 @@ def test_profile_categories_tell_l1_scores_from_adder_linear(monkeypatch):
     for ev in prof.events():
         seen.setdefault(category(ev), set()).add(ev.name)
     assert set(seen) <= set(CATEGORIES), set(seen) - set(CATEGORIES)
-    assert "addernet::adder2d_forward" in seen["l1_scores forward: kernel"]
-    assert "addernet::adder2d_grad_input" in seen["l1_scores backward: kernel"]
+    # on CPU l1_scores runs its own ops (a weight per image): its forward as the autograd Function's event
+    assert "L1ScoresCPU" in seen["l1_scores forward: kernel"]
+    assert "addernet::l1_scores_grad_cpu" in seen["l1_scores backward: kernel"]
     assert "addernet::adder2d_grad_input" in seen["adder input-grad: kernel"]  # AdderLinear's
+    assert not {"L1ScoresCPU", "addernet::l1_scores_grad_cpu"} & set().union(
+        *(names for cat, names in seen.items() if not cat.startswith("l1_scores"))
+    )
     for cat in (
         "adder forward: kernel",
         "adder weight-grad",
