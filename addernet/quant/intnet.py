@@ -98,14 +98,11 @@ class _Layer:
             tile_plane += [p] * (len(members) // ot)
         chan = torch.tensor(slots, dtype=torch.int64)
         real = chan >= 0
-        u = u.permute(0, 2, 3, 1)  # (i, j, c) order
-        if self.direct:  # each kernel row's kw*cin weights padded to rp
-            wrows = torch.zeros(len(slots), kh, rp, dtype=torch.int64)
-            wrows[real, :, : kw * cin] = u.reshape(o, kh, kw * cin)[chan[real]]
-            wrows = wrows.reshape(len(slots), self.kp)
-        else:
-            wrows = torch.zeros(len(slots), self.kp, dtype=torch.int64)
-            wrows[real, :kk] = u.reshape(o, kk)[chan[real]]
+        # (i, j, c) order; in place: each kernel row's kw*cin weights padded to rp, else the whole patch to kp
+        rows, run = (kh, kw * cin) if self.direct else (1, kk)
+        wrows = torch.zeros(len(slots), rows, self.kp // rows, dtype=torch.int64)
+        wrows[real, :, :run] = u.permute(0, 2, 3, 1).reshape(o, rows, run)[chan[real]]
+        wrows = wrows.reshape(len(slots), self.kp)
         self.w = wrows.to(lane).contiguous()
         self.chan = chan
         self.tile_plane = torch.tensor(tile_plane, dtype=torch.int64)
