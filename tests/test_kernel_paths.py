@@ -63,7 +63,9 @@ def _fwd_bwd(x, w, conf, gy, backend, monkeypatch):
 
 # (N, Cin, Cout, H, W, kernel, stride, padding, dilation, groups): channel tails and both output-block
 # widths of every vector length, groups, depthwise, batch 1 (pixels split across threads), batch 1 with
-# 3 groups (groups split unevenly across threads) and batch 3
+# 3 groups (groups split unevenly across threads) and batch 3; the forward's three ways to read an image: in
+# place (unpadded, also strided), a zero-bordered copy in the input's order, and (over 64 NCHW channels) a
+# channels-last copy
 FLOAT_CASES = [
     (3, 40, 72, 9, 11, (3, 3), 2, 1, 1, 2),
     (1, 6, 5, 7, 6, (3, 1), 1, 2, 2, 1),
@@ -71,6 +73,8 @@ FLOAT_CASES = [
     (1, 19, 33, 6, 6, (1, 1), 1, 0, 1, 1),
     (1, 15, 51, 5, 7, (3, 3), 1, 1, 1, 3),
     (1, 48, 99, 4, 5, (1, 1), 1, 0, 1, 3),
+    (2, 9, 20, 8, 7, (3, 3), 2, 0, 1, 1),
+    (1, 72, 18, 5, 4, (3, 3), 1, 1, 1, 2),
 ]
 
 

@@ -1,6 +1,8 @@
 /* Adder convolution CPU kernels: plain C (no torch headers), compiled on first use and loaded
- * with ctypes (see build.py). Both kernels work on one zero-padded channels-last image at a time
- * in a private scratch buffer, with implicit indexing (no im2col), so memory stays O(one image).
+ * with ctypes (see build.py). Both kernels work on one image at a time with implicit indexing (no
+ * im2col), so memory stays O(one image): the forward reads an unpadded input in place and a padded one
+ * from a zero-bordered copy (in the input's own order where that pays); the input gradient works on a
+ * zero-padded channels-last copy in a private scratch buffer.
  *
  *   forward:    y[n,o,p]  = -sum_{i,j,c} |xpad[n, p*s + (i,j)*d, c] - w[o,c,i,j]|
  *   grad_input: gx[n,...] = sum over outputs touching it of g[n,o,p] * clamp(w - x, -1, 1)
@@ -37,6 +39,10 @@
 #define FWD_P2 6
 #define GIN_P 4
 #endif
+
+/* The largest image the forward reads plane by plane (adder_cpu_body.h): channels, and C*H*W*sizeof(T) bytes. */
+#define PLANES_CHANNELS 64
+#define PLANES_BYTES (1 << 20)
 
 /* Channels summed in registers before the partial sum is added to the running total. */
 #define FWD_KC 32

@@ -47,24 +47,45 @@ static void FN(zero_groups)(const adder_geometry *s, T *buf, int64_t g0, int64_t
     for (int64_t q = 0; q < pixels; q++) memset(buf + q * Ct + g0 * s->Cgp, 0, sizeof(T) * (size_t)((g1 - g0) * s->Cgp));
 }
 
+/* Copy channels c0..c1-1 of one image (x already offset to it) into the interior of a zero-bordered copy buf with
+ * channel, row and pixel strides cs, rs, ps (the border is not written). */
+static void FN(copy_interior)(const T *x, const int64_t *xs, const adder_geometry *s, T *buf, int64_t cs, int64_t rs,
+                              int64_t ps, int64_t c0, int64_t c1) {
+    const int64_t H = s->H, W = s->W;
+    T *b = buf + s->ph * rs + s->pw * ps;
+    if (cs == 1 && xs[1] == 1) /* channels-last into channels-last: a run of channels per pixel */
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t w = 0; w < W; w++) {
+                const T *src = x + h * xs[2] + w * xs[3];
+                T *dst = b + h * rs + w * ps;
+                for (int64_t c = c0; c < c1; c++) dst[c] = src[c];
+            }
+    else if (ps == 1 && xs[3] == 1) /* planes into planes: a run of pixels per row */
+        for (int64_t c = c0; c < c1; c++)
+            for (int64_t h = 0; h < H; h++) {
+                const T *src = x + c * xs[1] + h * xs[2];
+                T *dst = b + c * cs + h * rs;
+                for (int64_t w = 0; w < W; w++) dst[w] = src[w];
+            }
+    else /* a transpose (NCHW into channels-last), in blocks of 16 pixels so that both sides touch few cache lines
+          * (a plain channel-major or pixel-major loop thrashes L1 on 4 KiB-strided NCHW planes) */
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t w0 = 0; w0 < W; w0 += 16) {
+                const int64_t w1 = W - w0 < 16 ? W : w0 + 16;
+                for (int64_t c = c0; c < c1; c++) {
+                    const T *src = x + c * xs[1] + h * xs[2];
+                    T *dst = b + c * cs + h * rs;
+                    for (int64_t w = w0; w < w1; w++) dst[w * ps] = src[w * xs[3]];
+                }
+            }
+}
+
 /* Copy groups g0..g1-1 of one image (x already offset to it) into zero-padded channels-last scratch
  * buf[Hp][Wp][G][Cgp]; channels Cg..Cgp-1 of those groups are zero, the other groups are not written. */
 static void FN(pad_image)(const T *x, const int64_t *xs, const adder_geometry *s, T *buf, int64_t g0, int64_t g1) {
-    const int64_t H = s->H, W = s->W, G = s->G, Cg = s->Cg, ph = s->ph, pw = s->pw, Cgp = s->Cgp;
-    const int64_t Wp = W + 2 * pw, Ct = G * Cgp;
-    if (ph || pw || Cgp > Cg) FN(zero_groups)(s, buf, g0, g1); /* else the copy writes every element */
-    /* transpose in blocks of 16 pixels so that both sides touch few cache lines (a plain
-     * channel-major or pixel-major loop thrashes L1 on 4 KiB-strided NCHW planes) */
-    for (int64_t h = 0; h < H; h++)
-        for (int64_t w0 = 0; w0 < W; w0 += 16) {
-            const int64_t w1 = W - w0 < 16 ? W : w0 + 16;
-            T *bp = buf + ((h + ph) * Wp + pw) * Ct;
-            for (int64_t g = g0; g < g1; g++)
-                for (int64_t c = 0; c < Cg; c++) {
-                    const T *xc = x + (g * Cg + c) * xs[1] + h * xs[2];
-                    for (int64_t w = w0; w < w1; w++) bp[w * Ct + g * Cgp + c] = xc[w * xs[3]];
-                }
-        }
+    const int64_t Cg = s->Cg, Cgp = s->Cgp, Ct = s->G * Cgp, Wp = s->W + 2 * s->pw;
+    if (s->ph || s->pw || Cgp > Cg) FN(zero_groups)(s, buf, g0, g1); /* else the copy writes every element */
+    for (int64_t g = g0; g < g1; g++) FN(copy_interior)(x + g * Cg * xs[1], xs, s, buf + g * Cgp, 1, Wp * Ct, Ct, 0, Cg);
 }
 
 /* Whether an image with strides ts (in elements) already has the scratch layout [H][W][G][Cgp] (channels-last,
@@ -75,16 +96,16 @@ static int FN(is_scratch)(const int64_t *ts, const adder_geometry *s) {
            (s->H == 1 || ts[2] == s->W * Ct);
 }
 
-/* Per-pixel offsets, computed once per call: xo[q] into the padded scratch and to[q] into the
- * output / output-gradient tensor (strides ts) for q < L = Ho*Wo; entries L..L+P-1 repeat the
- * last pixel so the micro-kernels can always read a full tile. Returns xo; to = xo + L + P. */
-static int64_t *FN(pixel_offsets)(const adder_geometry *s, const int64_t *ts, int P) {
-    const int64_t Wp = s->W + 2 * s->pw, Ct = s->G * s->Cgp, Wo = s->Wo, L = s->Ho * Wo;
+/* Per-pixel offsets, computed once per call: xo[q] into the image read (row stride rs, pixel stride ps) and to[q]
+ * into the output / output-gradient tensor (strides ts) for q < L = Ho*Wo; entries L..L+P-1 repeat the last
+ * pixel so the micro-kernels can always read a full tile. Returns xo; to = xo + L + P. */
+static int64_t *FN(pixel_offsets)(const adder_geometry *s, int64_t rs, int64_t ps, const int64_t *ts, int P) {
+    const int64_t Wo = s->Wo, L = s->Ho * Wo;
     int64_t *xo = malloc(sizeof(int64_t) * 2 * (size_t)(L + P));
     if (!xo) return NULL;
     for (int64_t q = 0; q < L + P; q++) {
         const int64_t r = q < L ? q : L - 1, oy = r / Wo, ox = r % Wo;
-        xo[q] = (oy * s->sh * Wp + ox * s->sw) * Ct;
+        xo[q] = oy * s->sh * rs + ox * s->sw * ps;
         xo[L + P + q] = oy * ts[2] + ox * ts[3];
     }
     return xo;
@@ -95,10 +116,8 @@ static int64_t *FN(pixel_offsets)(const adder_geometry *s, const int64_t *ts, in
  * the cheaper rewrite 2 max(x, w) - x - w cancels large sums and loses ~10x float32 accuracy. */
 static inline __attribute__((always_inline)) void FN(fwd_tile)(
     const T *buf, const int64_t *off, const T *wt, const adder_geometry *s, int64_t ob, VEC (*out)[2],
-    const int P, const int V) {
+    const int P, const int V, const int64_t cs, const int64_t di, const int64_t dj) {
     const int64_t Cg = s->Cg, kh = s->kh, kw = s->kw;
-    const int64_t Wp = s->W + 2 * s->pw, Ct = s->G * s->Cgp;
-    const int64_t di = s->dh * Wp * Ct, dj = s->dw * Ct;
     VEC acc[FWD_P1][2];
     const VEC one = FN(opaque_one)();
 #pragma GCC unroll 32
@@ -124,7 +143,7 @@ static inline __attribute__((always_inline)) void FN(fwd_tile)(
                     for (int v = 0; v < V; v++) wv[v] = FN(ld)(wb + (c * V + v) * VL);
 #pragma GCC unroll 32
                     for (int p = 0; p < P; p++) {
-                        const VEC xv = xb[off[p] + c] - (VEC){0}; /* broadcast (x - 0 folds away) */
+                        const VEC xv = xb[off[p] + c * cs] - (VEC){0}; /* broadcast (x - 0 folds away) */
 #pragma GCC unroll 2
                         for (int v = 0; v < V; v++) acc[p][v] += FN(vabs)(VSUBN(xv, wv[v], one));
                     }
@@ -152,37 +171,59 @@ static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *t
     }
 }
 
-/* y[n0:n1, groups g0:g1, pixels q0:q1] = -sum |xpad - w|. wt is the NEGATED weight -w (one per image with wimg) packed per group as blocks of
- * 2*VL output channels (the last block VL wide when Opad is an odd multiple of VL), each block
- * [kh][kw][Cg][block width] and starting at element ob*K of the group (zero in Og..Opad-1);
- * y is written through strides ys. Returns 0, or 1 when scratch memory cannot be allocated. */
+/* One pixel tile of the forward for the source's channel stride: a constant 1 (channels-last: AdderLinear's rows,
+ * l1_scores' images, a channels-last copy) lets the compiler fold it into the addressing. */
+static inline __attribute__((always_inline)) void FN(fwd_tile_cs)(
+    const T *buf, const int64_t *off, const T *wt, const adder_geometry *s, int64_t ob, VEC (*out)[2],
+    const int P, const int V, const int64_t cs, const int64_t di, const int64_t dj) {
+    if (cs == 1)
+        FN(fwd_tile)(buf, off, wt, s, ob, out, P, V, 1, di, dj);
+    else
+        FN(fwd_tile)(buf, off, wt, s, ob, out, P, V, cs, di, dj);
+}
+
+/* y[n0:n1, groups g0:g1, pixels q0:q1] = -sum |xpad - w|. wt is the NEGATED weight -w (one per image with wimg) packed
+ * per group as blocks of 2*VL output channels (the last block VL wide when Opad is an odd multiple of VL), each block
+ * [kh][kw][Cg][block width] and starting at element ob*K of the group (zero in Og..Opad-1); y is written through
+ * strides ys. Only a tile's broadcasts touch x, so any layout serves: a layer without padding reads x in place through
+ * its strides (channels-last, or NCHW up to PLANES_CHANNELS and PLANES_BYTES, a strided view too); a padded one reads a
+ * zero-bordered copy of each image in the input's own order (runs of channels or of pixels: no transpose), and a large
+ * NCHW image is copied channels-last. Returns 0, or 1 when scratch memory cannot be allocated. */
 int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const int64_t *ys,
                       const adder_geometry *s, int64_t n0, int64_t n1, int64_t q0, int64_t q1, int64_t g0,
                       int64_t g1) {
-    const int64_t G = s->G, Cg = s->Cg, Og = s->Og, kh = s->kh, kw = s->kw, Opad = s->Opad;
-    const int64_t Hp = s->H + 2 * s->ph, Wp = s->W + 2 * s->pw, Ct = G * s->Cgp;
+    const int64_t G = s->G, C = s->C, Cg = s->Cg, Og = s->Og, kh = s->kh, kw = s->kw, Opad = s->Opad;
+    const int64_t Hp = s->H + 2 * s->ph, Wp = s->W + 2 * s->pw;
     const int64_t K = kh * kw * Cg, L = s->Ho * s->Wo;
-    const int inplace = FN(is_scratch)(xs, s);
-    T *buf = malloc(sizeof(T) * (size_t)(inplace ? 0 : Hp * Wp * Ct) + 64);
-    int64_t *xo = FN(pixel_offsets)(s, ys, FWD_P1);
+    /* An image read plane by plane (channel stride > 1) is as many streams as it has channels: many of them defeat
+     * the prefetchers (a 256-channel 56x56 image in place ran at 0.6x its channels-last copy), so an image of more
+     * than PLANES_CHANNELS channels or PLANES_BYTES is copied channels-last. */
+    const int planes = xs[1] != 1 && C <= PLANES_CHANNELS && (size_t)(C * s->H * s->W) * sizeof(T) <= PLANES_BYTES;
+    const int copy = s->ph || s->pw || !(xs[1] == 1 || planes);
+    /* channel, row and pixel strides of the image read: x's own, or the copy's (planes or channels-last) */
+    const int64_t cs = !copy ? xs[1] : planes ? Hp * Wp : 1;
+    const int64_t ps = !copy ? xs[3] : planes ? 1 : C, rs = !copy ? xs[2] : planes ? Wp : Wp * C;
+    const size_t img = copy ? (size_t)(Hp * Wp * C) : 0;
+    T *buf = calloc(img + 16, sizeof(T)); /* zero: the copy's border stays so */
+    int64_t *xo = FN(pixel_offsets)(s, rs, ps, ys, FWD_P1);
     if (!buf || !xo) { free(buf); free(xo); return 1; }
-    const int64_t *to = xo + L + FWD_P1;
+    const int64_t *to = xo + L + FWD_P1, di = s->dh * rs, dj = s->dw * ps;
     VEC acc[FWD_P1][2];
     for (int64_t n = n0; n < n1; n++) {
-        const T *img = inplace ? x + n * xs[0] : buf;
-        if (!inplace) FN(pad_image)(x + n * xs[0], xs, s, buf, g0, g1);
+        const T *img_n = copy ? buf : x + n * xs[0];
+        if (copy) FN(copy_interior)(x + n * xs[0], xs, s, buf, cs, rs, ps, g0 * Cg, g1 * Cg);
         for (int64_t g = g0; g < g1; g++) {
-            const T *wg = wt + (s->wimg * n * G + g) * K * Opad, *bg = img + g * s->Cgp;
+            const T *wg = wt + (s->wimg * n * G + g) * K * Opad, *bg = img_n + g * Cg * cs;
             T *yg = y + n * ys[0] + g * (s->ygs ? s->ygs : Og * ys[1]);
             int64_t ob = 0;
             for (; ob + 2 * VL <= Opad; ob += 2 * VL)
                 for (int64_t q = q0; q < q1; q += FWD_P2) {
-                    FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P2, 2);
+                    FN(fwd_tile_cs)(bg, xo + q, wg, s, ob, acc, FWD_P2, 2, cs, di, dj);
                     FN(fwd_tile_store)(acc, 2, q1 - q < FWD_P2 ? q1 - q : FWD_P2, to + q, yg, ys, s, ob);
                 }
             for (; ob < Opad; ob += VL)
                 for (int64_t q = q0; q < q1; q += FWD_P1) {
-                    FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P1, 1);
+                    FN(fwd_tile_cs)(bg, xo + q, wg, s, ob, acc, FWD_P1, 1, cs, di, dj);
                     FN(fwd_tile_store)(acc, 1, q1 - q < FWD_P1 ? q1 - q : FWD_P1, to + q, yg, ys, s, ob);
                 }
         }
@@ -230,7 +271,7 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
     const size_t img = (size_t)(Hp * Wp * Ct);
     const int xin = FN(is_scratch)(xs, s), gin = FN(is_scratch)(gxs, s); /* x read, gx written in place */
     T *buf = malloc(sizeof(T) * ((xin ? 0 : img) + (gin ? 0 : img) + (size_t)(Og * GIN_P)) + 64);
-    int64_t *xo = FN(pixel_offsets)(s, gs, GIN_P);
+    int64_t *xo = FN(pixel_offsets)(s, Wp * Ct, Ct, gs, GIN_P);
     if (!buf || !xo) { free(buf); free(xo); return 1; }
     const int64_t *go = xo + L + GIN_P;
     T *gbuf = buf + (xin ? 0 : img), *gt = gbuf + (gin ? 0 : img);

@@ -99,9 +99,10 @@ def _image_ranges(n, groups, workers):
 
 def _pointwise_view(x, w, stride, padding):
     """The pixels a strided 1x1 layer without padding reads, as a view of x, or None for any other layer. The kernels
-    copy each NCHW image into a channels-last scratch before they reduce over its channels; a 1x1 layer at stride s
-    reads only every s-th pixel, so running it at stride 1 on this view copies Ho*Wo pixels instead of H*W (a quarter
-    at stride 2) and sums the same terms in the same order. A channels-last input is read in place already."""
+    copy an NCHW image into a channels-last scratch before they reduce over its channels (the input gradient always,
+    the forward when the image is large); a 1x1 layer at stride s reads only every s-th pixel, so running it at stride
+    1 on this view copies Ho*Wo pixels instead of H*W (a quarter at stride 2) and sums the same terms in the same
+    order. A channels-last input is read in place already."""
     if w.shape[2:] != (1, 1) or tuple(padding) != (0, 0) or tuple(stride) == (1, 1):
         return None
     if output_format(x) == torch.channels_last:
