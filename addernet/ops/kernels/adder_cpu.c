@@ -42,7 +42,7 @@
 
 /* The largest image the forward reads plane by plane (adder_cpu_body.h): channels, and C*H*W*sizeof(T) bytes. */
 #define PLANES_CHANNELS 64
-#define PLANES_BYTES (1 << 20)
+#define PLANES_BYTES (256 * 1024)
 
 /* Channels summed in registers before the partial sum is added to the running total. */
 #define FWD_KC 32

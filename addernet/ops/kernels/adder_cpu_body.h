@@ -171,15 +171,18 @@ static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *t
     }
 }
 
-/* One pixel tile of the forward for the source's channel stride: a constant 1 (channels-last: AdderLinear's rows,
- * l1_scores' images, a channels-last copy) lets the compiler fold it into the addressing. */
-static inline __attribute__((always_inline)) void FN(fwd_tile_cs)(
-    const T *buf, const int64_t *off, const T *wt, const adder_geometry *s, int64_t ob, VEC (*out)[2],
-    const int P, const int V, const int64_t cs, const int64_t di, const int64_t dj) {
-    if (cs == 1)
-        FN(fwd_tile)(buf, off, wt, s, ob, out, P, V, 1, di, dj);
-    else
-        FN(fwd_tile)(buf, off, wt, s, ob, out, P, V, cs, di, dj);
+/* The forward's tiles for a channel stride other than 1 (an image read plane by plane), out of line: inlined beside
+ * the channels-last tiles they cost those 8-10% with AVX2 code (register allocation of the shared function). */
+static __attribute__((noinline)) void FN(fwd_tile_planes1)(const T *buf, const int64_t *off, const T *wt,
+                                                           const adder_geometry *s, int64_t ob, VEC (*out)[2],
+                                                           const int64_t cs, const int64_t di, const int64_t dj) {
+    FN(fwd_tile)(buf, off, wt, s, ob, out, FWD_P1, 1, cs, di, dj);
+}
+
+static __attribute__((noinline)) void FN(fwd_tile_planes2)(const T *buf, const int64_t *off, const T *wt,
+                                                           const adder_geometry *s, int64_t ob, VEC (*out)[2],
+                                                           const int64_t cs, const int64_t di, const int64_t dj) {
+    FN(fwd_tile)(buf, off, wt, s, ob, out, FWD_P2, 2, cs, di, dj);
 }
 
 /* y[n0:n1, groups g0:g1, pixels q0:q1] = -sum |xpad - w|. wt is the NEGATED weight -w (one per image with wimg) packed
@@ -218,12 +221,18 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
             int64_t ob = 0;
             for (; ob + 2 * VL <= Opad; ob += 2 * VL)
                 for (int64_t q = q0; q < q1; q += FWD_P2) {
-                    FN(fwd_tile_cs)(bg, xo + q, wg, s, ob, acc, FWD_P2, 2, cs, di, dj);
+                    if (cs == 1)
+                        FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P2, 2, 1, di, dj);
+                    else
+                        FN(fwd_tile_planes2)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
                     FN(fwd_tile_store)(acc, 2, q1 - q < FWD_P2 ? q1 - q : FWD_P2, to + q, yg, ys, s, ob);
                 }
             for (; ob < Opad; ob += VL)
                 for (int64_t q = q0; q < q1; q += FWD_P1) {
-                    FN(fwd_tile_cs)(bg, xo + q, wg, s, ob, acc, FWD_P1, 1, cs, di, dj);
+                    if (cs == 1)
+                        FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P1, 1, 1, di, dj);
+                    else
+                        FN(fwd_tile_planes1)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
                     FN(fwd_tile_store)(acc, 1, q1 - q < FWD_P1 ? q1 - q : FWD_P1, to + q, yg, ys, s, ob);
                 }
         }
