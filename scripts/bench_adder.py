@@ -36,7 +36,12 @@ instruction set of this package's kernels): divide by the FMA peak.
 --channels-last runs the whole-step timing with both twins and their batches in channels-last memory format
 (trainer.channels_last=true).
 
-    python scripts/bench_adder.py --kernels native,avx2 [--quick] [--repeats N]
+    python scripts/bench_adder.py --kernels native,avx2 [--quick] [--repeats N] [--against CHECKOUT]
+
+--against CHECKOUT adds another version's C kernels (a checkout, e.g. a `git worktree`), built from its sources
+and called in turn with this tree's in every round, with the median of the per-round ratios: a before/after
+comparison in one process, which a machine whose speed drifts between processes cannot spoil. Only the C kernels
+differ; the Python around them is this tree's, so the two versions must share their functions and structs.
 """
 
 import argparse
@@ -163,13 +168,22 @@ def bench(shapes, repeats, ref_limit_gb, ref_repeats):
     return rows
 
 
-def kernel_throughput(shapes, isas, repeats):
+def kernel_throughput(shapes, isas, repeats, against=None):
     """Print G elements/s of cpu.forward and cpu.grad_input per shape and instruction set (1 thread, thread CPU
-    time, the instruction sets interleaved in each round)."""
+    time, the instruction sets interleaved in each round). With ``against`` (another checkout) its C kernels run
+    too, built from its sources (ADDERNET_KERNEL_SOURCES) and called in turn with this tree's in every round (the
+    order alternating), and each pair gets the median of its per-round ratios (this tree's rate over the other's)."""
     torch.set_num_threads(1)
+    sources = {"": None}
+    if against:
+        sources["other"] = str(Path(against).resolve() / "addernet" / "ops" / "kernels")
+        print(f"# other: the kernels of {sources['other']}; ratio: this tree's rate / the other's, per round")
     print(f"# float kernels, float32, 1 thread, thread CPU time, median (min-max) of {repeats} | {build.machine(1)}")
-    print("| shape | batch | " + " | ".join(f"{i} fwd G/s | {i} grad_in G/s" for i in isas) + " | grad_w G/s |")
-    print("|---|---" + "|---|---" * len(isas) + "|---|")
+    heads = [f"{i}{' ' + k if k else ''} {c} G/s" for i in isas for c in ("fwd", "grad_in") for k in sources]
+    if against:
+        heads = [h for i in isas for c in ("fwd", "grad_in") for h in (f"{i} {c} G/s", f"{i} other {c}", "ratio")]
+    print("| shape | batch | " + " | ".join(heads) + " | grad_w G/s |")
+    print("|---|---" + "|---" * len(heads) + "|---|")
     for name, n, cin, cout, size, k, s, p in shapes:
         torch.manual_seed(0)
         x, w = torch.randn(n, cin, size, size), torch.randn(cout, cin, k, k)
@@ -177,23 +191,38 @@ def kernel_throughput(shapes, isas, repeats):
         g = torch.randn_like(cpu.forward(x, w, *conf))
         work = g.numel() * cin * k * k / 1e9
         calls = {"fwd": lambda: cpu.forward(x, w, *conf), "gin": lambda: cpu.grad_input(x, w, g, *conf)}
-        rates = {(i, c): [] for i in isas for c in calls} | {"wgrad": []}
+        rates = {(i, c, v): [] for i in isas for c in calls for v in sources} | {"wgrad": []}
         for r in range(repeats + 1):  # the first round builds the kernels and warms the caches
             for i in isas:
                 os.environ["ADDERNET_CPU_ISA"] = i
                 for c, fn in calls.items():
-                    t = time.thread_time()
-                    fn()
-                    if r:
-                        rates[i, c].append(work / (time.thread_time() - t))
+                    for v, src in sorted(sources.items(), reverse=r % 2 == 0):  # A B, then B A
+                        os.environ.pop("ADDERNET_KERNEL_SOURCES", None)
+                        if src:
+                            os.environ["ADDERNET_KERNEL_SOURCES"] = src
+                        t = time.thread_time()
+                        fn()
+                        if r:
+                            rates[i, c, v].append(work / (time.thread_time() - t))
+                    os.environ.pop("ADDERNET_KERNEL_SOURCES", None)
             t = time.thread_time()
             grad_weight(x, w, g, *conf)
             if r:
                 rates["wgrad"].append(work / (time.thread_time() - t))
-        cells = [f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" for v in rates.values()]
-        print(f"| {name} | {n} | " + " | ".join(cells) + " |", flush=True)
+        cells = []
+        for i in isas:
+            for c in calls:
+                cells += [_median_range(rates[i, c, v]) for v in sources]
+                if against:
+                    ratios = [a / b for a, b in zip(rates[i, c, ""], rates[i, c, "other"])]
+                    cells.append(f"{statistics.median(ratios):.2f}")
+        print(f"| {name} | {n} | " + " | ".join(cells + [_median_range(rates["wgrad"])]) + " |", flush=True)
     os.environ.pop("ADDERNET_CPU_ISA")
     print(f"# after: {build.machine(1)}")
+
+
+def _median_range(v):
+    return f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
 
 
 def model_step(batch, repeats, layers=("adder", "conv"), channels_last=False):
@@ -329,6 +358,7 @@ def main():
     ap.add_argument("--train-rounds", type=int, default=3, help="interleaved rounds of train.py (0: skip)")
     ap.add_argument("--train-size", type=int, default=2560, help="FakeData images per train.py epoch")
     ap.add_argument("--kernels", help="only the float kernels' throughput for these instruction sets, e.g. native,avx2")
+    ap.add_argument("--against", metavar="CHECKOUT", help="with --kernels: another checkout's kernels too, interleaved")
     ap.add_argument("--channels-last", action="store_true", help="whole-step timing in channels-last memory format")
     ap.add_argument("--child-step", choices=("adder", "conv"), help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=64, help=argparse.SUPPRESS)
@@ -344,8 +374,11 @@ def main():
         return
     shapes = [RESNET20[0], RESNET20[4], RESNET20[5]] if args.quick else RESNET20 + RESNET50
     repeats = args.repeats or (5 if args.quick else 15)
+    if args.against and not (args.kernels and (Path(args.against) / "addernet" / "ops" / "kernels").is_dir()):
+        ap.error(f"--against needs --kernels and a checkout of this repository; got {args.against!r}")
     if args.kernels:
-        return kernel_throughput(RESNET20 if args.quick else RESNET20 + RESNET50, args.kernels.split(","), repeats)
+        shapes = RESNET20 if args.quick else RESNET20 + RESNET50
+        return kernel_throughput(shapes, args.kernels.split(","), repeats, args.against)
     if args.threads:
         torch.set_num_threads(args.threads)
     pinned = _pin_malloc()

@@ -1,6 +1,7 @@
 """The benchmark scripts' bookkeeping (no timing is asserted): the profile categories find the adder
-ops under the names torch's profiler gives them, the interleaved ratios are computed per round, and
-the reference kernel's memory estimate is its measured peak."""
+ops under the names torch's profiler gives them, the interleaved ratios are computed per round, the
+reference kernel's memory estimate is its measured peak, and a kernel comparison against another checkout
+runs both versions."""
 
 import ctypes
 import gc
@@ -165,3 +166,22 @@ def test_bench_quant_names_a_model_it_cannot_run_before_any_work(monkeypatch, ca
         runpy.run_path(str(REPO / "scripts" / "bench_quant.py"), run_name="__main__")
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and says in err.splitlines()[-1], err
+
+
+def test_bench_adder_against_another_checkout_times_both_kernels_in_one_process(monkeypatch, capsys):
+    """--kernels with --against: each row has this tree's rate, the other checkout's and the per-round ratio (here
+    the checkout is this one, built again from its own sources); without --kernels, or without a checkout, one line."""
+    argv = ["bench_adder.py", "--kernels", "native", "--quick", "--repeats", "1", "--against", str(REPO)]
+    monkeypatch.setattr(sys, "argv", argv)
+    runpy.run_path(str(REPO / "scripts" / "bench_adder.py"), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert "native fwd G/s | native other fwd | ratio | native grad_in G/s | native other grad_in | ratio" in lines[2]
+    rows = [line.split(" | ") for line in lines if line.startswith("| r20 ")]
+    assert len(rows) == 7 and all(float(r[4]) > 0 and float(r[7]) > 0 for r in rows)
+    assert "ADDERNET_KERNEL_SOURCES" not in os.environ
+    for argv in (["--against", str(REPO)], ["--kernels", "native", "--against", str(REPO / "docs")]):
+        monkeypatch.setattr(sys, "argv", ["bench_adder.py", *argv])
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(str(REPO / "scripts" / "bench_adder.py"), run_name="__main__")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and "--against needs --kernels and a checkout of this repository" in err[-1]

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from addernet import adder2d, adder_linear, l1_scores
 from addernet.errors import BuildError, ConfigError
 from addernet.ops.kernels import build, cpu, int_cpu
+from addernet.ops.reference import adder2d_reference
 from addernet.quant import IntegerResNet
 
 from helpers import (
@@ -251,6 +252,29 @@ def test_the_loader_checks_each_struct_against_the_c_code(monkeypatch):
         monkeypatch.setattr(build, "_declared", {})
         with pytest.raises(BuildError, match=f"{lib}: the C code and Short disagree on its layout \\({size}\\)"):
             build.library(lib, functions, ((size, short),))
+
+
+def test_the_kernels_build_from_another_checkouts_sources(tmp_path, monkeypatch):
+    """ADDERNET_KERNEL_SOURCES: a benchmark loads another version's C kernels into this process. The library is built
+    from that folder (a function only its copy has is there) and computes the adder layer; a folder without the
+    sources is a ConfigError naming them."""
+    import shutil
+
+    other = tmp_path / "kernels"
+    shutil.copytree(REPO / "addernet" / "ops" / "kernels", other, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    with open(other / "adder_cpu.c", "a") as f:
+        f.write("\nint adder_other_version(void) { return 7; }\n")
+    monkeypatch.setenv("ADDERNET_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ADDERNET_KERNEL_SOURCES", str(other))
+    assert cpu._lib().adder_other_version() == 7
+    x, w = torch.randn(2, 5, 6, 6, dtype=torch.float64), torch.randn(4, 5, 3, 3, dtype=torch.float64)
+    torch.testing.assert_close(cpu.forward(x, w, (1, 1), (1, 1), (1, 1), 1), adder2d_reference(x, w, padding=(1, 1)))
+    monkeypatch.delenv("ADDERNET_KERNEL_SOURCES")
+    assert not hasattr(cpu._lib(), "adder_other_version")
+    (other / "geometry.h").unlink()
+    monkeypatch.setenv("ADDERNET_KERNEL_SOURCES", str(other))
+    with pytest.raises(ConfigError, match=r"ADDERNET_KERNEL_SOURCES=.* lacks geometry.h: point it at a checkout's"):
+        cpu._lib()
 
 
 # An AVX2 host's arithmetic on a host with more: ATen's vectorised kernels, oneDNN (convolutions, batch norm), MKL

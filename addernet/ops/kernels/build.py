@@ -6,7 +6,9 @@ $ADDERNET_CACHE_DIR (default $XDG_CACHE_HOME/addernet, i.e. ~/.cache/addernet), 
 hash of the sources, compiler, flags and CPU, so a changed kernel or machine rebuilds itself.
 It is written to a temporary file and renamed into place, so concurrent processes (torchrun
 ranks) are safe. Delete the cache directory (or set ADDERNET_REBUILD=1) to force a rebuild;
-set CC to choose the compiler.
+set CC to choose the compiler. ADDERNET_KERNEL_SOURCES=DIR builds the libraries from the C sources in DIR
+instead of this package's (another checkout's addernet/ops/kernels, with the same functions and structs): a
+benchmark then compares two versions of the kernels in one process (scripts/bench_adder.py --against).
 
 ADDERNET_CPU_ISA (or the `isa` argument) chooses the instruction set the kernels are compiled for:
 native (default: -march=native, the best path this CPU has), or one of avx512, avx2, sse2, scalar to
@@ -55,6 +57,21 @@ ISAS = {
     "scalar": (("-march=x86-64", "-mtune=native", "-DADDERNET_PLAIN_C"), ()),
 }
 OPENMP = ("-fopenmp",)  # tried first; without it the kernels run on a Python thread pool (cpu.py)
+
+
+def kernel_sources():
+    """The folder the C sources are compiled from: $ADDERNET_KERNEL_SOURCES, else this package's (ConfigError if that
+    folder lacks them)."""
+    src = os.environ.get("ADDERNET_KERNEL_SOURCES")
+    if not src:
+        return Path(__file__).parent
+    missing = [f for f in {f for files in SOURCES.values() for f in files} if not (Path(src) / f).is_file()]
+    if missing:
+        raise ConfigError(
+            f"ADDERNET_KERNEL_SOURCES={src} lacks {', '.join(sorted(missing))}: point it at a checkout's "
+            "addernet/ops/kernels, or unset it"
+        )
+    return Path(src).resolve()
 
 
 def cache_dir():
@@ -131,11 +148,11 @@ def load_library(name="adder_cpu", isa=None):
             f"the {isa} kernel needs CPU flag {', '.join(missing)}, which this CPU lacks; "
             "unset ADDERNET_CPU_ISA or choose a lower one"
         )
-    return _load(name, isa)
+    return _load(name, isa, kernel_sources())
 
 
 @functools.lru_cache(maxsize=None)
-def _load(name, isa):
+def _load(name, isa, src):
     target = build_library(name, isa)
     try:
         return ctypes.CDLL(str(target))
@@ -176,8 +193,8 @@ def library(name, functions, structs=()):
     """Library ``name`` built for the instruction set chosen now (cpu_isa: $ADDERNET_CPU_ISA), with COMMON's and
     ``functions``' (name -> (result type, argument types)) types declared and each of ``structs`` ((C function
     returning its size, ctypes type) pairs; Geometry always) checked against the C code. Raises BuildError."""
-    isa = cpu_isa()
-    lib = _declared.get((name, isa))
+    isa, src = cpu_isa(), kernel_sources()
+    lib = _declared.get((name, isa, src))
     if lib is None:
         lib = load_library(name, isa)
         for fn, (restype, argtypes) in {**COMMON, **functions}.items():
@@ -185,11 +202,11 @@ def library(name, functions, structs=()):
         for size, struct in (("adder_geometry_size", Geometry), *structs):
             if getattr(lib, size)() != ctypes.sizeof(struct):
                 raise BuildError(f"{name}: the C code and {struct.__name__} disagree on its layout ({size})")
-        _declared[name, isa] = lib
+        _declared[name, isa, src] = lib
     return lib
 
 
-_declared = {}  # (library, isa) -> the library with its functions declared
+_declared = {}  # (library, isa, source folder) -> the library with its functions declared
 
 
 def build_library(name="adder_cpu", isa=None):
@@ -207,7 +224,7 @@ def build_library(name="adder_cpu", isa=None):
 
 
 def _build(cc, flags, name="adder_cpu"):
-    here = Path(__file__).parent
+    here = kernel_sources()
     sources = SOURCES[name]
     key = hashlib.sha256()
     for source in sources:
