@@ -271,8 +271,9 @@ def test_the_kernels_build_from_another_checkouts_sources(tmp_path, monkeypatch)
     torch.testing.assert_close(cpu.forward(x, w, (1, 1), (1, 1), (1, 1), 1), adder2d_reference(x, w, padding=(1, 1)))
     monkeypatch.delenv("ADDERNET_KERNEL_SOURCES")
     assert not hasattr(cpu._lib(), "adder_other_version")
-    (other / "geometry.h").unlink()
-    monkeypatch.setenv("ADDERNET_KERNEL_SOURCES", str(other))
+    incomplete = shutil.copytree(other, tmp_path / "incomplete")
+    (incomplete / "geometry.h").unlink()
+    monkeypatch.setenv("ADDERNET_KERNEL_SOURCES", str(incomplete))
     with pytest.raises(ConfigError, match=r"ADDERNET_KERNEL_SOURCES=.* lacks geometry.h: point it at a checkout's"):
         cpu._lib()
 

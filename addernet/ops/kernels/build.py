@@ -61,10 +61,16 @@ OPENMP = ("-fopenmp",)  # tried first; without it the kernels run on a Python th
 
 def kernel_sources():
     """The folder the C sources are compiled from: $ADDERNET_KERNEL_SOURCES, else this package's (ConfigError if that
-    folder lacks them)."""
+    folder lacks them). Called on every kernel call, so the answer for a folder is kept."""
     src = os.environ.get("ADDERNET_KERNEL_SOURCES")
-    if not src:
-        return Path(__file__).parent
+    return _other_sources(src) if src else _HERE
+
+
+_HERE = Path(__file__).parent
+
+
+@functools.lru_cache(maxsize=None)
+def _other_sources(src):
     missing = [f for f in {f for files in SOURCES.values() for f in files} if not (Path(src) / f).is_file()]
     if missing:
         raise ConfigError(
