@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from addernet import Adder2d, adder2d
 from addernet.ops import BACKENDS as ALL_BACKENDS
 from addernet.ops import kernel_in_use, use_backend
+from addernet.ops.reference import adder2d_reference
 
 from helpers import REPO, forbid_env_writes
 
@@ -475,3 +476,41 @@ def test_one_unbatched_image_as_conv2d_takes_it(backend, backend_env):
     torch.testing.assert_close(gb, g.sum((1, 2)), rtol=1e-12, atol=1e-12)
     batched = layer(x.detach()[None])
     assert torch.equal(y.detach(), batched[0].detach())
+
+
+@pytest.mark.parametrize("backend", ["fast", "eager"])
+def test_the_gradient_ops_pass_torch_opcheck(backend):
+    """The custom ops' fake implementations (torch.compile) and schemas agree with their kernels: the input gradient
+    alone, and with the weight gradient's product term (summed by the CPU kernel's input-gradient pass)."""
+    from addernet.ops.adder2d import _grad_input_op, _grad_input_weight_op
+
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 6, 7, 7), torch.randn(8, 3, 3, 3)
+    g = torch.randn(2, 8, 4, 4)
+    conf = ([2, 2], [1, 1], [1, 1], 2, backend)
+    torch.library.opcheck(_grad_input_op, (x, w, g, *conf))
+    torch.library.opcheck(_grad_input_weight_op, (x, w, g, *conf))
+
+
+def test_the_weight_gradient_is_the_same_summed_in_the_input_gradient_or_apart(monkeypatch):
+    """A weight over FUSED_WEIGHT_BYTES gets its weight gradient from the convolution weight gradient instead of the
+    input-gradient kernel's sums: both equal the float64 reference, on NCHW, channels-last and a strided 1x1."""
+    from addernet.ops.kernels import cpu
+
+    monkeypatch.setenv("ADDERNET_BACKEND", "fast")
+    torch.manual_seed(0)
+    for (cin, cout, k, s, p), layout in itertools.product(
+        [(12, 20, 3, 1, 1), (16, 24, 1, 2, 0)], [torch.contiguous_format, torch.channels_last]
+    ):
+        x = torch.randn(3, cin, 9, 9, dtype=torch.float64)
+        w = torch.randn(cout, cin, k, k, dtype=torch.float64)
+        gy = torch.randn_like(F.conv2d(x, w, None, s, p))
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        want = torch.autograd.grad(adder2d_reference(xr, wr, (s, s), (p, p)), (xr, wr), gy)
+        for fused_bytes in (1 << 20, 0):
+            monkeypatch.setattr(cpu, "FUSED_WEIGHT_BYTES", fused_bytes)
+            xf = x.to(torch.float32, memory_format=layout).requires_grad_()
+            wf = w.float().requires_grad_()
+            got = torch.autograd.grad(adder2d(xf, wf, None, s, p), (xf, wf), gy.float())
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * b.abs().max().item())

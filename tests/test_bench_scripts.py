@@ -21,8 +21,14 @@ from addernet.tools.bench import busy, cpu_model, describe, median_iqr, metadata
 from helpers import REPO
 
 
-def test_profile_categories_find_the_adder_kernels(monkeypatch):
+@pytest.mark.parametrize("fused_bytes", [1 << 20, 0], ids=["weight-gradient-in-the-input-gradient", "separate"])
+def test_profile_categories_find_the_adder_kernels(monkeypatch, fused_bytes):
+    """The input-gradient kernel sums the weight gradient's product term as it goes, or (a weight over
+    FUSED_WEIGHT_BYTES) leaves it to the convolution weight gradient, counted as the adder's weight gradient."""
+    from addernet.ops.kernels import cpu
+
     monkeypatch.setenv("ADDERNET_BACKEND", "fast")
+    monkeypatch.setattr(cpu, "FUSED_WEIGHT_BYTES", fused_bytes)
     torch.manual_seed(0)
     model = nn.Sequential(Adder2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(inplace=True))
     x = torch.randn(2, 3, 8, 8, requires_grad=True)
@@ -44,7 +50,9 @@ def test_profile_categories_find_the_adder_kernels(monkeypatch):
         "ReLU backward",
     ):
         assert cat in seen, (cat, seen)
-    assert "aten::convolution_backward" in seen["adder weight-grad"]  # not counted as a convolution
+    assert "addernet::adder2d_grad_input_weight" in seen["adder input-grad: kernel"]
+    assert ("aten::convolution_backward" in seen["adder weight-grad"]) == (not fused_bytes)  # not a convolution's
+    assert "aten::sum" in seen["adder weight-grad"]  # W * sum g
     assert not any("adder" in n for n in seen.get("other", ())), seen["other"]
 
 
@@ -74,7 +82,7 @@ def test_profile_categories_tell_l1_scores_from_adder_linear(monkeypatch):
     # on CPU l1_scores runs its own ops (a weight per image): its forward as the autograd Function's event
     assert "L1ScoresCPU" in seen["l1_scores forward: kernel"]
     assert "addernet::l1_scores_grad_cpu" in seen["l1_scores backward: kernel"]
-    assert "addernet::adder2d_grad_input" in seen["adder input-grad: kernel"]  # AdderLinear's
+    assert "addernet::adder2d_grad_input_weight" in seen["adder input-grad: kernel"]  # AdderLinear's
     assert not {"L1ScoresCPU", "addernet::l1_scores_grad_cpu"} & set().union(
         *(names for cat, names in seen.items() if not cat.startswith("l1_scores"))
     )

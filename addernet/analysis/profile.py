@@ -48,6 +48,7 @@ def category(ev):
     kernel = own in (
         "addernet::adder2d_forward",
         "addernet::adder2d_grad_input",
+        "addernet::adder2d_grad_input_weight",
         "L1ScoresCPU",  # the CPU kernel with a weight per image: its forward (the kernel call) and its ops
         "addernet::l1_scores_cpu",
         "addernet::l1_scores_grad_cpu",
@@ -64,6 +65,10 @@ def category(ev):
         if n == "addernet::adder2d_forward":  # the op's own dispatch time
             return "adder forward: packing/copies"
         if n == "addernet::adder2d_grad_input":
+            return "adder input-grad: kernel" if i == 0 else "adder input-grad: packing/copies"
+        if n == "addernet::adder2d_grad_input_weight":  # the input gradient, which also sums g*X for the weight's
+            if any(a in ("aten::convolution_backward", "aten::bmm") for a in names[:i]):  # a weight too large for it
+                return "adder weight-grad"
             return "adder input-grad: kernel" if i == 0 else "adder input-grad: packing/copies"
         if n.endswith("GeneratedBackwardFor_addernet_adder2d_forward_defaultBackward"):
             return "adder weight-grad"

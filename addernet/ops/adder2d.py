@@ -17,10 +17,13 @@ Every kernel module provides
     grad_input(x, w, grad_out, stride, padding, dilation, groups) -> grad_x   # sum g*HardTanh(w - x)
 with stride/padding/dilation int 2-tuples. The weight gradient is shared by all backends through
     sum g*(X - W) = conv2d weight-gradient(X, g) - W * sum_{n,y,x} g,
-exact because zero padding counts as X = 0. fast and eager are torch.library custom ops (the eager
-kernel on any device, each device's fast kernel registered for it), so torch.compile treats them as
-opaque calls. Argument checks, output size and compute dtype are
-shared by all of them (conv_args.py); the backend table is BACKENDS below.
+exact because zero padding counts as X = 0. A kernel module may also provide
+    grad_input_weight(x, w, grad_out, ...) -> (grad_x, sum g*X or None)       # both gradients in one pass
+whose input-gradient pass sums the product term as it goes (the CPU kernel, for weights up to a size): a
+backward that needs both gradients then makes no separate convolution weight-gradient pass. fast and eager
+are torch.library custom ops (the eager kernel on any device, each device's fast kernel registered for it), so
+torch.compile treats them as opaque calls. Argument checks, output size and compute dtype are shared by all of
+them (conv_args.py); the backend table is BACKENDS below.
 """
 
 import contextlib
@@ -121,8 +124,30 @@ def _(x, weight, grad_out, stride, padding, dilation, groups, backend):
     return torch.empty_like(x, memory_format=output_format(x))
 
 
+@torch.library.custom_op("addernet::adder2d_grad_input_weight", mutates_args=())
+def _grad_input_weight_op(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    grad_out: torch.Tensor,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dL/dX, sum g*X) on a device without a kernel of its own: the eager kernel and the convolution weight
+    gradient. The weight gradient's W * sum g term is left to the caller (_weight_grad)."""
+    return _grad_input_weight(eager, x, weight, grad_out, stride, padding, dilation, groups)
+
+
+@_grad_input_weight_op.register_fake
+def _(x, weight, grad_out, stride, padding, dilation, groups, backend):
+    product = torch.empty(weight.shape, dtype=compute_dtype(x.dtype), device=weight.device)
+    return torch.empty_like(x, memory_format=output_format(x)), product
+
+
 def _register(device):
-    """The device's own implementations of both ops: its fast kernel for backend "fast", else eager."""
+    """The device's own implementations of the ops: its fast kernel for backend "fast", else eager."""
 
     @_forward_op.register_kernel(device)
     def _(x, weight, stride, padding, dilation, groups, backend):
@@ -131,6 +156,11 @@ def _register(device):
     @_grad_input_op.register_kernel(device)
     def _(x, weight, grad_out, stride, padding, dilation, groups, backend):
         return _grad_input(_kernels(x.device, backend), x, weight, grad_out, stride, padding, dilation, groups)
+
+    @_grad_input_weight_op.register_kernel(device)
+    def _(x, weight, grad_out, stride, padding, dilation, groups, backend):
+        kernels = _kernels(x.device, backend)
+        return _grad_input_weight(kernels, x, weight, grad_out, stride, padding, dilation, groups)
 
 
 for _device in _FAST_KERNELS:
@@ -142,18 +172,38 @@ def grad_weight(x, weight, grad_out, stride, padding, dilation, groups):
     A 1x1 convolution with stride 1 and no padding on a channels-last input or a single image (AdderLinear's
     rows, l1_scores' keys) is a matrix product per group: its weight gradient is one batched GEMM on views of X
     and g, where aten's convolution backward would copy both and take its slow path."""
+    return _weight_grad(_weight_product(x, weight, grad_out, stride, padding, dilation, groups), weight, grad_out)
+
+
+def _weight_product(x, weight, grad_out, stride, padding, dilation, groups):
+    """The weight gradient's product term sum g*X (the convolution weight gradient), in the compute dtype."""
     dt = compute_dtype(x.dtype)
     x, w, g = x.to(dt), weight.to(dt), grad_out.to(dt)
     pointwise = w.shape[2:] == (1, 1) and tuple(stride) == (1, 1) and tuple(padding) == (0, 0)
     if pointwise and (x.shape[0] == 1 or output_format(x) == torch.channels_last):
         xm = x.transpose(0, 1).reshape(groups, x.shape[1] // groups, -1)  # (G, Cg, N*H*W)
         gm = g.transpose(0, 1).reshape(groups, g.shape[1] // groups, -1)  # (G, Og, N*H*W)
-        gw = torch.bmm(gm, xm.transpose(1, 2)).view(w.shape)
-    else:
-        gw = torch.ops.aten.convolution_backward(
-            g, x, w, None, list(stride), list(padding), list(dilation), False, [0, 0], groups, [False, True, False]
-        )[1]
-    return (gw - w * g.sum((0, 2, 3)).view(-1, 1, 1, 1)).to(weight.dtype)
+        return torch.bmm(gm, xm.transpose(1, 2)).view(w.shape)
+    return torch.ops.aten.convolution_backward(
+        g, x, w, None, list(stride), list(padding), list(dilation), False, [0, 0], groups, [False, True, False]
+    )[1]
+
+
+def _weight_grad(product, weight, grad_out):
+    """dL/dW from its product term sum g*X (in the compute dtype): minus W * sum g, in the weight's dtype."""
+    w, g = weight.to(product.dtype), grad_out.to(product.dtype)
+    return (product - w * g.sum((0, 2, 3)).view(-1, 1, 1, 1)).to(weight.dtype)
+
+
+def _grad_input_weight(kernels, x, weight, grad_out, stride, padding, dilation, groups):
+    """(dL/dX, the weight gradient's product term sum g*X): in one pass where the kernel module has grad_input_weight
+    (the CPU kernel's input gradient sums g*X as it goes, for weights up to a size), else in two."""
+    conf = (tuple(stride), tuple(padding), tuple(dilation), groups)
+    fused = getattr(kernels, "grad_input_weight", None)
+    gx, product = fused(x, weight, grad_out, *conf) if fused else (kernels.grad_input(x, weight, grad_out, *conf), None)
+    if product is None:
+        product = _weight_product(x, weight, grad_out, stride, padding, dilation, groups)
+    return gx.to(x.dtype).contiguous(memory_format=output_format(x)), product
 
 
 def _setup_context(ctx, inputs, output):
@@ -166,9 +216,12 @@ def _backward(ctx, grad_out):
     x, weight = ctx.saved_tensors
     stride, padding, dilation, groups, backend = ctx.conf
     gx = gw = None
-    if ctx.needs_input_grad[0]:
+    if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]:
+        gx, product = _grad_input_weight_op(x, weight, grad_out, stride, padding, dilation, groups, backend)
+        gw = _weight_grad(product, weight, grad_out)
+    elif ctx.needs_input_grad[0]:
         gx = _grad_input_op(x, weight, grad_out, stride, padding, dilation, groups, backend)
-    if ctx.needs_input_grad[1]:
+    elif ctx.needs_input_grad[1]:
         gw = grad_weight(x, weight, grad_out, stride, padding, dilation, groups)
     return gx, gw, None, None, None, None, None
 

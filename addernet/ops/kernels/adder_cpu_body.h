@@ -246,9 +246,12 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
  * acc[p] = sum_o g[p, o] * clamp(w[o, c] - x[p, c], -1, 1), added into the padded grad buffer.
  * The clamp is computed on w - x directly (sub, max, min, fma): the cheaper rewrite
  * clamp(w, x - 1, x + 1) - x cancels against x * sum_o g and loses float32 accuracy. w - x is the
- * second operand of both max and min, so a NaN in x or w stays NaN (HardTanh(NaN) = NaN), at no cost. */
-static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, const T *wb,
-                         const T *gt, int64_t gos, int64_t Og) {
+ * second operand of both max and min, so a NaN in x or w stays NaN (HardTanh(NaN) = NaN), at no cost.
+ * With wgrad, the same operands also give the weight gradient's product term: dw[o, c] += sum_p g[p, o] x[p, c]
+ * (one FMA per term more, in place of a separate convolution weight-gradient pass over x and g). */
+static inline __attribute__((always_inline)) void FN(gin_tile_body)(const T *xb, T *gb, const int64_t *off, int64_t n,
+                                                                   const T *wb, const T *gt, int64_t gos, int64_t Og,
+                                                                   T *dwb, const int wgrad) {
     VEC nx[GIN_P], acc[GIN_P];
     const VEC one = (VEC){0} + 1, mone = (VEC){0} - 1, one_h = FN(opaque_one)();
 #pragma GCC unroll 32
@@ -261,18 +264,36 @@ static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, cons
         const T *go = gt + o * gos; /* g[p, o] = go[p]: packed, or the tensor's pixels read in place */
 #pragma GCC unroll 32
         for (int p = 0; p < GIN_P; p++) acc[p] += go[p] * VMIN(one, VMAX(mone, VSUBN(wv, nx[p], one_h)));
+        if (wgrad) { /* -sum_p g x, over the tile's pixels (a tail's missing pixels have g = 0) */
+            VEC t = go[0] * nx[0];
+#pragma GCC unroll 32
+            for (int p = 1; p < GIN_P; p++) t += go[p] * nx[p];
+            FN(st)(dwb + o * VL, FN(ld)(dwb + o * VL) - t);
+        }
     }
     for (int64_t p = 0; p < n; p++) FN(st)(gb + off[p], FN(ld)(gb + off[p]) + acc[p]);
+}
+
+static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, const T *wb, const T *gt, int64_t gos,
+                         int64_t Og) {
+    FN(gin_tile_body)(xb, gb, off, n, wb, gt, gos, Og, NULL, 0);
+}
+
+static __attribute__((noinline)) void FN(gin_tile_w)(const T *xb, T *gb, const int64_t *off, int64_t n, const T *wb,
+                                                     const T *gt, int64_t gos, int64_t Og, T *dwb) {
+    FN(gin_tile_body)(xb, gb, off, n, wb, gt, gos, Og, dwb, 1);
 }
 
 /* gx[n0:n1, groups g0:g1] = input gradient (groups own disjoint channels, so group ranges may run in
  * parallel). w2 is the weight packed [G][kh][kw][Cgp/VL][Og][VL] (zero channel padding), so a tile
  * streams one contiguous block of it; g and gx are read / written through strides gs / gxs. A tile
  * of GIN_P consecutive output pixels of g (pixel stride 1: an NCHW row) is read in place, any other
- * packed first. Returns 0, or 1 when scratch memory cannot be allocated. */
+ * packed first. With dw (not NULL), sum g x over these images and groups is added into slot `slot` of dw, slots of
+ * G*kh*kw*Cgp*Og elements laid out as w2 (one slot per range: ranges run in parallel). Returns 0, or 1 when
+ * scratch memory cannot be allocated. */
 int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
-                         const int64_t *gs, T *gx, const int64_t *gxs, const adder_geometry *s,
-                         int64_t n0, int64_t n1, int64_t g0, int64_t g1) {
+                         const int64_t *gs, T *gx, const int64_t *gxs, const adder_geometry *s, T *dw,
+                         int64_t n0, int64_t n1, int64_t g0, int64_t g1, int64_t slot) {
     const int64_t H = s->H, W = s->W, G = s->G, Cg = s->Cg, Og = s->Og, kh = s->kh, kw = s->kw;
     const int64_t ph = s->ph, pw = s->pw, Cgp = s->Cgp;
     const int64_t Hp = H + 2 * ph, Wp = W + 2 * pw, Ct = G * Cgp, L = s->Ho * s->Wo;
@@ -292,6 +313,7 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
         for (int64_t gr = g0; gr < g1; gr++) {
             const T *gg = g + n * gs[0] + gr * (s->ygs ? s->ygs : Og * gs[1]);
             const T *wgr = w2 + (s->wimg * n * G + gr) * Og * wo;
+            T *dwg = dw ? dw + (slot * G + gr) * Og * wo : NULL;
             for (int64_t q = 0; q < L; q += GIN_P) {
                 const int64_t m = L - q < GIN_P ? L - q : GIN_P;
                 int direct = m == GIN_P;
@@ -304,9 +326,11 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
                 for (int64_t i = 0; i < kh; i++)
                     for (int64_t j = 0; j < kw; j++)
                         for (int64_t cv = 0; cv < Cgp; cv += VL) {
-                            const int64_t base = gr * Cgp + i * di + j * dj + cv;
-                            FN(gin_tile)(xi + base, gi + base, xo + q, m,
-                                         wgr + ((i * kw + j) * Cgp + cv) * Og, gtile, gos, Og);
+                            const int64_t base = gr * Cgp + i * di + j * dj + cv, wk = ((i * kw + j) * Cgp + cv) * Og;
+                            if (dwg)
+                                FN(gin_tile_w)(xi + base, gi + base, xo + q, m, wgr + wk, gtile, gos, Og, dwg + wk);
+                            else
+                                FN(gin_tile)(xi + base, gi + base, xo + q, m, wgr + wk, gtile, gos, Og);
                         }
             }
         }
@@ -326,7 +350,7 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
     return 0;
 }
 
-/* The same over R ranges r[6k..6k+5] = (n0, n1, q0, q1, g0, g1) / r[4k..4k+3] = (n0, n1, g0, g1), in parallel on
+/* The same over R ranges r[6k..6k+5] = (n0, n1, q0, q1, g0, g1) / r[5k..5k+4] = (n0, n1, g0, g1, slot), in parallel on
  * OpenMP's threads (torch's runtime, see build.py); serial when built without OpenMP. */
 int FN(adder_forward_ranges)(const T *x, const int64_t *xs, const T *wt, T *y, const int64_t *ys,
                              const adder_geometry *s, const int64_t *r, int64_t R, int nt) {
@@ -339,13 +363,13 @@ int FN(adder_forward_ranges)(const T *x, const int64_t *xs, const T *wt, T *y, c
 }
 
 int FN(adder_grad_input_ranges)(const T *x, const int64_t *xs, const T *w2, const T *g,
-                                const int64_t *gs, T *gx, const int64_t *gxs, const adder_geometry *s,
+                                const int64_t *gs, T *gx, const int64_t *gxs, const adder_geometry *s, T *dw,
                                 const int64_t *r, int64_t R, int nt) {
     int err = 0;
 #pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(| : err)
     for (int64_t k = 0; k < R; k++)
-        err |= FN(adder_grad_input)(x, xs, w2, g, gs, gx, gxs, s, r[4 * k], r[4 * k + 1], r[4 * k + 2],
-                                    r[4 * k + 3]);
+        err |= FN(adder_grad_input)(x, xs, w2, g, gs, gx, gxs, s, dw, r[5 * k], r[5 * k + 1], r[5 * k + 2],
+                                    r[5 * k + 3], r[5 * k + 4]);
     return err;
 }
 

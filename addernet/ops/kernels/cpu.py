@@ -21,6 +21,9 @@ from .build import Geometry, library
 _KERNEL_DTYPES = {torch.float32: "_f", torch.float64: "_d"}
 _pool = (None, 0, 0)  # (executor, workers, pid)
 SERIAL_WORK = 1 << 20
+# the largest weight whose gradient the input-gradient kernel sums as it goes (grad_input_weight): at batch 8, 1 thread,
+# a 3x3 layer of 128 channels (0.6 MB) took 0.98x the separate passes' time, 256 (2.4 MB) 1.01x, 512 (9.4 MB) 1.10x
+FUSED_WEIGHT_BYTES = 1 << 20
 
 _P, _I64, _GEOM = ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(Geometry)
 # adder_cpu.c's functions per dtype suffix: name -> (result type, argument types)
@@ -28,9 +31,12 @@ FUNCTIONS = {"adder_vbytes": (ctypes.c_int, ())}
 for _suf in _KERNEL_DTYPES.values():
     FUNCTIONS |= {
         "adder_forward" + _suf: (ctypes.c_int, (_P, _P, _P, _P, _P, _GEOM, *[_I64] * 6)),
-        "adder_grad_input" + _suf: (ctypes.c_int, (_P, _P, _P, _P, _P, _P, _P, _GEOM, *[_I64] * 4)),
+        "adder_grad_input" + _suf: (ctypes.c_int, (_P, _P, _P, _P, _P, _P, _P, _GEOM, _P, *[_I64] * 5)),
         "adder_forward_ranges" + _suf: (ctypes.c_int, (_P, _P, _P, _P, _P, _GEOM, _P, _I64, ctypes.c_int)),
-        "adder_grad_input_ranges" + _suf: (ctypes.c_int, (_P, _P, _P, _P, _P, _P, _P, _GEOM, _P, _I64, ctypes.c_int)),
+        "adder_grad_input_ranges" + _suf: (
+            ctypes.c_int,
+            (_P, _P, _P, _P, _P, _P, _P, _GEOM, _P, _P, _I64, ctypes.c_int),
+        ),
     }
 
 
@@ -159,31 +165,56 @@ def forward(x, w, stride, padding, dilation, groups):
 
 def grad_input(x, w, grad_out, stride, padding, dilation, groups):
     """grad_x = sum over the outputs each input touches of g * HardTanh(w - x), in x's memory format."""
+    return _grad_input(x, w, grad_out, stride, padding, dilation, groups, False)[0]
+
+
+def grad_input_weight(x, w, grad_out, stride, padding, dilation, groups):
+    """(grad_input(...), sum_{n,pixels} g * X as a weight-shaped tensor): the weight gradient's product term, from the
+    operands the input gradient's tiles hold anyway (one FMA per term), instead of a convolution weight-gradient pass
+    over X and g. The weight gradient is this minus W * sum g (adder2d.grad_weight). None in place of the product term
+    for a weight of more than FUSED_WEIGHT_BYTES: each tile of 8 pixels adds into the whole weight-shaped sum, which
+    then no longer stays in cache."""
+    fused = w.numel() * compute_dtype(x.dtype).itemsize <= FUSED_WEIGHT_BYTES
+    return _grad_input(x, w, grad_out, stride, padding, dilation, groups, fused)
+
+
+def _grad_input(x, w, grad_out, stride, padding, dilation, groups, wgrad):
     view = _pointwise_view(x, w, stride, padding)
-    if view is not None:  # the pixels the layer skips get no gradient
+    if view is not None:  # the pixels the layer skips get no gradient, and add nothing to the weight's
         gx = torch.zeros(x.shape, dtype=x.dtype, device=x.device)  # NCHW: _pointwise_view takes no other
-        gx[:, :, :: stride[0], :: stride[1]] = grad_input(view, w, grad_out, (1, 1), (0, 0), dilation, groups)
-        return gx
+        gv, gw = _grad_input(view, w, grad_out, (1, 1), (0, 0), dilation, groups, wgrad)
+        gx[:, :, :: stride[0], :: stride[1]] = gv
+        return gx, gw
     dt = compute_dtype(x.dtype)
     xk, wk, gk = x.to(dt), w.to(dt), grad_out.to(dt)
     s = _geometry(xk, wk, stride, padding, dilation, groups, cpad=True)
+    vl = _lib().adder_vbytes() // xk.element_size()
     per_group = wk.reshape(groups, s.Og, s.Cg, s.kh, s.kw).permute(0, 1, 3, 4, 2)
-    w2 = _pack_grad_input(per_group, s.Cgp, _lib().adder_vbytes() // xk.element_size())
+    w2 = _pack_grad_input(per_group, s.Cgp, vl)
     gx = torch.empty(x.shape, dtype=dt, memory_format=output_format(x))
-    if gx.numel() == 0 or gk.numel() == 0:
-        return gx.zero_().to(x.dtype)
-    args = (
-        xk.data_ptr(),
-        _arr(xk.stride()),
-        w2.data_ptr(),
-        gk.data_ptr(),
-        _arr(gk.stride()),
-        gx.data_ptr(),
-        _arr(gx.stride()),
-        s,
-    )
-    _run("adder_grad_input", dt, args, _image_ranges(s.N, s.G, torch.get_num_threads()), gk.numel() * wk[0].numel())
-    return gx.to(x.dtype)
+    work = gx.numel() and gk.numel()
+    ranges = [(*r, slot) for slot, r in enumerate(_image_ranges(s.N, s.G, torch.get_num_threads()))] if work else []
+    dw = torch.zeros((max(len(ranges), 1), *w2.shape) if wgrad else 0, dtype=dt)  # a slot per range
+    if work:
+        args = (
+            xk.data_ptr(),
+            _arr(xk.stride()),
+            w2.data_ptr(),
+            gk.data_ptr(),
+            _arr(gk.stride()),
+            gx.data_ptr(),
+            _arr(gx.stride()),
+            s,
+            dw.data_ptr() if wgrad else None,
+        )
+        _run("adder_grad_input", dt, args, ranges, gk.numel() * wk[0].numel())
+    else:
+        gx.zero_()
+    if not wgrad:
+        return gx.to(x.dtype), None
+    # the slots' sum, [G][kh][kw][Cgp/vl][Og][vl] -> (G*Og, Cg, kh, kw)
+    gw = dw.sum(0).permute(0, 4, 3, 5, 1, 2).reshape(groups * s.Og, s.Cgp, s.kh, s.kw)[:, : s.Cg]
+    return gx.to(x.dtype), gw.contiguous()
 
 
 # ---- l1_scores (ops/attention.py): a weight per image, the attention layouts read and written in place -------------
@@ -246,6 +277,8 @@ def scores_grad(q, k, grad, transposed):
             gx.data_ptr(),
             _arr(gx.stride()),
             s,
+            None,
         )
-        _run("adder_grad_input", dt, args, _image_ranges(b, h, torch.get_num_threads()), g.numel() * d)
+        ranges = [(*r, 0) for r in _image_ranges(b, h, torch.get_num_threads())]
+        _run("adder_grad_input", dt, args, ranges, g.numel() * d)
     return gx.to(q.dtype).permute(0, 2, 3, 1).reshape(b, nq, h, d).transpose(1, 2)
