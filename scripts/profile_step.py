@@ -6,7 +6,9 @@ adaptive LR, SGD; process CPU time and wall time), then profiles --steps more, f
 own subprocess (so one's allocations cannot slow the other). Prints each category's share of the
 profiled self time, and that share of the step's process CPU time: the adder layers' forward /
 input gradient / weight gradient (the C kernel apart from the weight packing, casts and copies
-around it; in the ViT these are AdderLinear's, and l1_scores has its own rows), convolution,
+around it; where the input-gradient kernel also sums the weight gradient's product term, that is in
+the input-gradient row, and the weight-gradient row holds the rest; in the ViT these are AdderLinear's,
+and l1_scores has its own rows), convolution,
 BatchNorm, ReLU, residual adds and gradient accumulation, matmuls, LayerNorm, softmax, the
 adaptive-LR hook, the optimizer, everything else (addernet/analysis/profile.py). Profiler times
 are wall time inside each op, so other load inflates them; the shares and the 1-thread CPU time are
