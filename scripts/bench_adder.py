@@ -179,9 +179,10 @@ def kernel_throughput(shapes, isas, repeats, against=None):
         sources["other"] = str(Path(against).resolve() / "addernet" / "ops" / "kernels")
         print(f"# other: the kernels of {sources['other']}; ratio: this tree's rate / the other's, per round")
     print(f"# float kernels, float32, 1 thread, thread CPU time, median (min-max) of {repeats} | {build.machine(1)}")
-    heads = [f"{i}{' ' + k if k else ''} {c} G/s" for i in isas for c in ("fwd", "grad_in") for k in sources]
-    if against:
-        heads = [h for i in isas for c in ("fwd", "grad_in") for h in (f"{i} {c} G/s", f"{i} other {c}", "ratio")]
+    heads = []
+    for i in isas:
+        for c in ("fwd", "grad_in"):
+            heads += [f"{i} {c} G/s"] + ([f"{i} other {c}", "ratio"] if against else [])
     print("| shape | batch | " + " | ".join(heads) + " | grad_w G/s |")
     print("|---|---" + "|---" * len(heads) + "|---|")
     for name, n, cin, cout, size, k, s, p in shapes:
@@ -197,14 +198,12 @@ def kernel_throughput(shapes, isas, repeats, against=None):
                 os.environ["ADDERNET_CPU_ISA"] = i
                 for c, fn in calls.items():
                     for v, src in sorted(sources.items(), reverse=r % 2 == 0):  # A B, then B A
-                        os.environ.pop("ADDERNET_KERNEL_SOURCES", None)
-                        if src:
-                            os.environ["ADDERNET_KERNEL_SOURCES"] = src
+                        _set_env("ADDERNET_KERNEL_SOURCES", src)
                         t = time.thread_time()
                         fn()
                         if r:
                             rates[i, c, v].append(work / (time.thread_time() - t))
-                    os.environ.pop("ADDERNET_KERNEL_SOURCES", None)
+                    _set_env("ADDERNET_KERNEL_SOURCES", None)
             t = time.thread_time()
             grad_weight(x, w, g, *conf)
             if r:
@@ -219,6 +218,14 @@ def kernel_throughput(shapes, isas, repeats, against=None):
         print(f"| {name} | {n} | " + " | ".join(cells + [_median_range(rates["wgrad"])]) + " |", flush=True)
     os.environ.pop("ADDERNET_CPU_ISA")
     print(f"# after: {build.machine(1)}")
+
+
+def _set_env(name, value):
+    """os.environ[name] = value, or unset for None."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def _median_range(v):

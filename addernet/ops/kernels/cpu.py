@@ -194,7 +194,7 @@ def _grad_input(x, w, grad_out, stride, padding, dilation, groups, wgrad):
     gx = torch.empty(x.shape, dtype=dt, memory_format=output_format(x))
     work = gx.numel() and gk.numel()
     ranges = [(*r, slot) for slot, r in enumerate(_image_ranges(s.N, s.G, torch.get_num_threads()))] if work else []
-    dw = torch.zeros((max(len(ranges), 1), *w2.shape) if wgrad else 0, dtype=dt)  # a slot per range
+    dw = torch.zeros(max(len(ranges), 1), *w2.shape, dtype=dt) if wgrad else None  # a slot per range
     if work:
         args = (
             xk.data_ptr(),
@@ -205,12 +205,12 @@ def _grad_input(x, w, grad_out, stride, padding, dilation, groups, wgrad):
             gx.data_ptr(),
             _arr(gx.stride()),
             s,
-            dw.data_ptr() if wgrad else None,
+            None if dw is None else dw.data_ptr(),
         )
         _run("adder_grad_input", dt, args, ranges, gk.numel() * wk[0].numel())
     else:
         gx.zero_()
-    if not wgrad:
+    if dw is None:
         return gx.to(x.dtype), None
     # the slots' sum, [G][kh][kw][Cgp/vl][Og][vl] -> (G*Og, Cg, kh, kw)
     gw = dw.sum(0).permute(0, 4, 3, 5, 1, 2).reshape(groups * s.Og, s.Cgp, s.kh, s.kw)[:, : s.Cg]
