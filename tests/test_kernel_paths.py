@@ -177,6 +177,44 @@ def test_nan_in_adder_linear_and_l1_scores_gives_the_gradients_of_the_definition
             _fast_against(scores, qn, kn, "eager", ("scores", "dq", "dk"), what, monkeypatch)
 
 
+def _kernel_sources_copy(dst):
+    """A copy of the C kernels' sources at dst, for ADDERNET_KERNEL_SOURCES."""
+    import shutil
+
+    shutil.copytree(REPO / "addernet" / "ops" / "kernels", dst, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    return dst
+
+
+def test_both_forms_of_the_subtraction_give_the_same_bits(isa, tmp_path, monkeypatch):
+    """x - w is issued as fma(x, 1, -w) on AMD Zen cores and as a plain add of -w on others (adder_cpu.c, "Port
+    balance"; ADDERNET_SUB_ON_FMA overrides the choice): both round once, so the two builds agree bit for bit in the
+    forward and both gradients, NaN and infinity included."""
+    if isa not in ("avx512", "avx2"):
+        pytest.skip(f"the {isa} path has no FMA instruction: one form only")
+    monkeypatch.setenv("ADDERNET_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(5)
+    got, built = {}, {}
+    for form in (0, 1):
+        src = _kernel_sources_copy(tmp_path / f"form{form}")
+        text = (src / "adder_cpu.c").read_text()
+        (src / "adder_cpu.c").write_text(f"#define ADDERNET_SUB_ON_FMA {form}\n" + text)
+        monkeypatch.setenv("ADDERNET_KERNEL_SOURCES", str(src))
+        built[form] = build.build_library("adder_cpu", isa).read_bytes()
+        got[form] = []
+        for n, cin, cout, h, wd, k, s, p, d, g in FLOAT_CASES:
+            torch.manual_seed(n * cin + cout)
+            x, w = torch.randn(n, cin, h, wd), torch.randn(cout, cin // g, *k)
+            x[0, 0, 0, 0], x[-1, -1, -1, -1], w[0, 0, 0, 0] = float("nan"), float("inf"), float("-inf")
+            conf = ((s, s), (p, p), (d, d), g)
+            y = cpu.forward(x, w, *conf)
+            gy = torch.randn_like(y)
+            got[form] += [y, cpu.grad_input(x, w, gy, *conf), *cpu.grad_input_weight(x, w, gy, *conf)]
+    assert built[0] != built[1], "ADDERNET_SUB_ON_FMA did not change the compiled code"
+    for i, (a, b) in enumerate(zip(got[0], got[1])):
+        if a is not None or b is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"result {i}, {isa}: {m}")
+
+
 # (N, C, H, W, O, kernel, stride, padding, dilation, groups): K = 144 and 576 (64-byte steps with and
 # without the 32-byte tail), K = 3 (a single short row), groups, a filter count that is not a multiple
 # of the tile, batch 1 (pixels split across threads)
@@ -260,8 +298,7 @@ def test_the_kernels_build_from_another_checkouts_sources(tmp_path, monkeypatch)
     sources is a ConfigError naming them."""
     import shutil
 
-    other = tmp_path / "kernels"
-    shutil.copytree(REPO / "addernet" / "ops" / "kernels", other, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    other = _kernel_sources_copy(tmp_path / "kernels")
     with open(other / "adder_cpu.c", "a") as f:
         f.write("\nint adder_other_version(void) { return 7; }\n")
     monkeypatch.setenv("ADDERNET_CACHE_DIR", str(tmp_path / "cache"))

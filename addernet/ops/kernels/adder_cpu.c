@@ -14,17 +14,30 @@
  * adder_cpu_body.h twice; vector code uses GCC/Clang vector extensions, with AVX-512/AVX
  * min/max/FMA intrinsics when available.
  *
- * Port balance: on x86 cores with two add and two FMA pipes (Zen 2-4; Intel runs adds on its FMA
- * pipes anyway) the subtractions x - w are issued as fma(x, 1, -w), which rounds once, exactly
- * like the subtraction, but runs on the FMA pipes, leaving the add pipes to abs-sum / min-max:
- * measured 8 -> 10 elements/cycle for the forward mix and 5.6 -> 8 for the input gradient's. Do not build with -ffast-math: on many GCC versions a
- * -ffast-math shared object sets flush-to-zero for the whole process when loaded. */
+ * Port balance: on AMD Zen cores, with two add and two FMA pipes, the subtractions x - w are issued as
+ * fma(x, 1, -w), which rounds once, exactly like the subtraction, but runs on the FMA pipes, leaving the add pipes
+ * to abs-sum / min-max: measured 8 -> 10 elements/cycle for the forward mix and 5.6 -> 8 for the input gradient's
+ * (Zen 4). Intel cores run adds on their FMA ports anyway, and there the FMA only costs a register copy (it
+ * overwrites an operand; an add does not): a plain add of the negated operand is 1.02-1.14x faster on a Sapphire
+ * Rapids-class Xeon. The compiler's tuning target (-mtune=native, build.py) says which core this is. Both forms
+ * give the same bits. Do not build with -ffast-math: on many GCC versions a -ffast-math shared object sets
+ * flush-to-zero for the whole process when loaded. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "geometry.h"
 #include "isa.h"
+
+/* "Port balance" above: 1 for AMD Zen cores (the compiler's tuning target), else 0; defined beforehand, it overrides */
+#ifndef ADDERNET_SUB_ON_FMA
+#if defined(__tune_znver1__) || defined(__tune_znver2__) || defined(__tune_znver3__) || defined(__tune_znver4__) || \
+    defined(__tune_znver5__)
+#define ADDERNET_SUB_ON_FMA 1
+#else
+#define ADDERNET_SUB_ON_FMA 0
+#endif
+#endif
 
 /* Register tiles: forward P pixels x (V vectors of output channels); grad P pixels x 1 vector.
  * With 32 vector registers the forward tile is bounded by the general-purpose registers, not the
@@ -51,6 +64,63 @@
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SUF)
 
+/* The forward's NCHW store for float: an 8-pixel x VL-channel block of a tile transposed in registers into runs of
+ * pixels, one (masked) vector store per channel, in place of VL * 8 element stores; the pixels are consecutive in y
+ * (an NCHW output whose planes are contiguous). rows[p] points at pixel p's channels; m <= 8 pixels and the first
+ * nc <= VL channels are stored at y + c * cstride. Only a copy: the stored values are those of the element loop. */
+#if ISA_AVX2
+static inline __m256 neg8(__m256 v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.0f)); }
+#define STORE_RUNS_F 1
+#if ISA_AVX512
+static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, int m, int nc) {
+    __m512 r[8], t[8], u[8];
+    for (int p = 0; p < 8; p++) r[p] = _mm512_xor_ps(_mm512_loadu_ps(rows[p]), _mm512_set1_ps(-0.0f));
+    for (int p = 0; p < 8; p += 2) {
+        t[p] = _mm512_unpacklo_ps(r[p], r[p + 1]);
+        t[p + 1] = _mm512_unpackhi_ps(r[p], r[p + 1]);
+    }
+    /* per 128-bit lane L: u[k] holds channel 4L+k of pixels 0-3, u[4+k] of pixels 4-7 */
+    for (int h = 0; h < 2; h++) {
+        u[4 * h + 0] = _mm512_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+        u[4 * h + 1] = _mm512_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+        u[4 * h + 2] = _mm512_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+        u[4 * h + 3] = _mm512_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+    }
+    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i hi = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    const __mmask8 mask = (__mmask8)((1u << m) - 1);
+    for (int k = 0; k < 4; k++) {
+        const __m512 a = _mm512_permutex2var_ps(u[k], lo, u[4 + k]), b = _mm512_permutex2var_ps(u[k], hi, u[4 + k]);
+        const __m256 run[4] = {_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1), _mm512_castps512_ps256(b),
+                               _mm512_extractf32x8_ps(b, 1)};
+        for (int j = 0; j < 4; j++)
+            if (4 * j + k < nc) _mm256_mask_storeu_ps(y + (4 * j + k) * cstride, mask, run[j]);
+    }
+}
+#else
+static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, int m, int nc) {
+    __m256 t[8], u[8];
+    for (int p = 0; p < 8; p += 2) {
+        const __m256 a = neg8(_mm256_loadu_ps(rows[p])), b = neg8(_mm256_loadu_ps(rows[p + 1]));
+        t[p] = _mm256_unpacklo_ps(a, b);
+        t[p + 1] = _mm256_unpackhi_ps(a, b);
+    }
+    for (int h = 0; h < 2; h++) {
+        u[4 * h + 0] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+        u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+        u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+        u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+    }
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int k = 0; k < 4; k++) {
+        const __m256 run[2] = {_mm256_permute2f128_ps(u[k], u[4 + k], 0x20), _mm256_permute2f128_ps(u[k], u[4 + k], 0x31)};
+        for (int j = 0; j < 2; j++)
+            if (4 * j + k < nc) _mm256_maskstore_ps(y + (4 * j + k) * cstride, mask, run[j]);
+    }
+}
+#endif
+#endif
+
 /* float instantiation */
 #define T float
 #define SUF _f
@@ -65,7 +135,11 @@
 #define VMAX(a, b) ((VEC)_mm256_max_ps((__m256)(a), (__m256)(b)))
 #define VFMA(a, b, c) ((VEC)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
 #endif
+#ifdef STORE_RUNS_F
+#define STORE_RUNS store_runs_f
+#endif
 #include "adder_cpu_body.h"
+#undef STORE_RUNS
 #undef T
 #undef SUF
 #undef IT

@@ -15,7 +15,7 @@ typedef IT FN(ivec_t) __attribute__((vector_size(VBYTES)));
 #define VMAX(a, b) ((VEC)((((IVEC)((a) > (b))) & (IVEC)(a)) | (~((IVEC)((a) > (b))) & (IVEC)(b))))
 #endif
 
-#ifdef VFMA /* a + nb (nb = -b) as fma(a, one, nb): same rounding, on the FMA pipes; see adder_cpu.c */
+#if defined(VFMA) && ADDERNET_SUB_ON_FMA /* a + nb (nb = -b) as fma(a, one, nb): same rounding, on the FMA pipes */
 #define VSUBN(a, nb, one) VFMA(a, one, nb)
 #else
 #define VSUBN(a, nb, one) ((a) + (nb))
@@ -24,7 +24,7 @@ typedef IT FN(ivec_t) __attribute__((vector_size(VBYTES)));
 /* (VEC) 1 hidden from the optimiser, which would otherwise fold fma(a, 1, b) back into a + b. */
 static inline VEC FN(opaque_one)(void) {
     VEC one = (VEC){0} + 1;
-#ifdef VFMA
+#if defined(VFMA) && ADDERNET_SUB_ON_FMA
     __asm__("" : "+v"(one));
 #endif
     return one;
@@ -157,10 +157,24 @@ static inline __attribute__((always_inline)) void FN(fwd_tile)(
 }
 
 /* y = -acc for the n valid pixels and the valid channels of this block: whole vectors when the
- * output is channels-last (channel stride 1: AdderLinear's rows), else one element at a time. */
+ * output is channels-last (channel stride 1: AdderLinear's rows), runs of 8 pixels per channel transposed in
+ * registers when the pixels are consecutive in y (float, with AVX2 or AVX-512: adder_cpu.c), else one element at a
+ * time. */
 static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *to, T *y,
                                const int64_t *ys, const adder_geometry *s, int64_t ob) {
     const int64_t no = s->Og - ob < V * VL ? s->Og - ob : V * VL; /* valid channels in this block */
+#ifdef STORE_RUNS
+    if (ys[1] != 1 && ys[3] == 1 && to[n - 1] - to[0] == n - 1) {
+        for (int v = 0; v * VL < no; v++)
+            for (int64_t p0 = 0; p0 < n; p0 += 8) {
+                const T *rows[8];
+                for (int64_t p = 0; p < 8; p++) rows[p] = (const T *)&acc[p0 + p < n ? p0 + p : n - 1][v];
+                STORE_RUNS(rows, y + (ob + v * VL) * ys[1] + to[p0], ys[1], n - p0 < 8 ? (int)(n - p0) : 8,
+                           no - v * VL < VL ? (int)(no - v * VL) : VL);
+            }
+        return;
+    }
+#endif
     int64_t k0 = 0;
     if (ys[1] == 1)
         for (; k0 + VL <= no; k0 += VL)

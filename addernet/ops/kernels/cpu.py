@@ -119,7 +119,7 @@ def _pointwise_view(x, w, stride, padding):
 def _pack_forward(w, opad, vl):
     """w (..., K, Og): each group's weight (the leading dimensions index the groups) as K rows of Og output channels ->
     the NEGATED weight packed per group in blocks of 2*vl output channels, [K][block] each, zero in Og..Opad-1
-    (adder_cpu.c); the kernel computes x - w as fma(x, 1, -w) (same rounding, other pipes)."""
+    (adder_cpu.c); the kernel computes x - w as x + (-w), or fma(x, 1, -w) on AMD cores (same rounding, other pipes)."""
     k = w.shape[-2]
     wt = F.pad(w.detach(), (0, opad - w.shape[-1])).neg().reshape(-1, k, opad)
     g, full = wt.shape[0], opad // (2 * vl) * (2 * vl)
