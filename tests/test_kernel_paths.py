@@ -186,8 +186,8 @@ def _kernel_sources_copy(dst):
 
 
 def test_both_forms_of_the_subtraction_give_the_same_bits(isa, tmp_path, monkeypatch):
-    """x - w is issued as fma(x, 1, -w) on AMD Zen cores and as a plain add of -w on others (adder_cpu.c, "Port
-    balance"; ADDERNET_SUB_ON_FMA overrides the choice): both round once, so the two builds agree bit for bit in the
+    """x - w is issued as fma(x, 1, -w) on AMD CPUs and as a plain add of -w on others (adder_cpu.c, "Port
+    balance"; build.py defines ADDERNET_SUB_ON_FMA): both round once, so the two builds agree bit for bit in the
     forward and both gradients, NaN and infinity included."""
     if isa not in ("avx512", "avx2"):
         pytest.skip(f"the {isa} path has no FMA instruction: one form only")
@@ -197,7 +197,7 @@ def test_both_forms_of_the_subtraction_give_the_same_bits(isa, tmp_path, monkeyp
     for form in (0, 1):
         src = _kernel_sources_copy(tmp_path / f"form{form}")
         text = (src / "adder_cpu.c").read_text()
-        (src / "adder_cpu.c").write_text(f"#define ADDERNET_SUB_ON_FMA {form}\n" + text)
+        (src / "adder_cpu.c").write_text(f"#undef ADDERNET_SUB_ON_FMA\n#define ADDERNET_SUB_ON_FMA {form}\n" + text)
         monkeypatch.setenv("ADDERNET_KERNEL_SOURCES", str(src))
         built[form] = build.build_library("adder_cpu", isa).read_bytes()
         got[form] = []

@@ -19,9 +19,9 @@
  * to abs-sum / min-max: measured 8 -> 10 elements/cycle for the forward mix and 5.6 -> 8 for the input gradient's
  * (Zen 4). Intel cores run adds on their FMA ports anyway, and there the FMA only costs a register copy (it
  * overwrites an operand; an add does not): a plain add of the negated operand is 1.02-1.14x faster on a Sapphire
- * Rapids-class Xeon. The compiler's tuning target (-mtune=native, build.py) says which core this is. Both forms
- * give the same bits. Do not build with -ffast-math: on many GCC versions a -ffast-math shared object sets
- * flush-to-zero for the whole process when loaded. */
+ * Rapids-class Xeon. ADDERNET_SUB_ON_FMA (below) chooses; both forms give the same bits. Do not build with
+ * -ffast-math: on many GCC versions a -ffast-math shared object sets flush-to-zero for the whole process when
+ * loaded. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,14 +29,9 @@
 #include "geometry.h"
 #include "isa.h"
 
-/* "Port balance" above: 1 for AMD Zen cores (the compiler's tuning target), else 0; defined beforehand, it overrides */
+/* "Port balance" above: build.py passes -DADDERNET_SUB_ON_FMA=1 on an AMD CPU */
 #ifndef ADDERNET_SUB_ON_FMA
-#if defined(__tune_znver1__) || defined(__tune_znver2__) || defined(__tune_znver3__) || defined(__tune_znver4__) || \
-    defined(__tune_znver5__)
-#define ADDERNET_SUB_ON_FMA 1
-#else
 #define ADDERNET_SUB_ON_FMA 0
-#endif
 #endif
 
 /* Register tiles: forward P pixels x (V vectors of output channels); grad P pixels x 1 vector.

@@ -215,6 +215,15 @@ def library(name, functions, structs=()):
 _declared = {}  # (library, isa, source folder) -> the library with its functions declared
 
 
+def amd_cpu():
+    """True on an AMD CPU: the float kernels then issue x - w on the FMA pipes (adder_cpu.c, "Port balance")."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in f)
+    except OSError:
+        return False
+
+
 def build_library(name="adder_cpu", isa=None):
     """Compile library `name` for `isa` into the cache if needed and return its path, without loading it
     (so a path this CPU cannot run is still compile-checked). Raises BuildError."""
@@ -222,7 +231,7 @@ def build_library(name="adder_cpu", isa=None):
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise BuildError(f"C compiler {cc!r} not found")
-    flags = FLAGS + ISAS[isa][0]
+    flags = FLAGS + ISAS[isa][0] + (("-DADDERNET_SUB_ON_FMA=1",) if amd_cpu() else ())
     try:
         return _build(cc, flags + OPENMP, name)
     except BuildError:  # a compiler without OpenMP: the serial build still works
