@@ -37,11 +37,15 @@ instruction set of this package's kernels): divide by the FMA peak.
 (trainer.channels_last=true).
 
     python scripts/bench_adder.py --kernels native,avx2 [--quick] [--repeats N] [--against CHECKOUT]
+    python scripts/bench_adder.py --against CHECKOUT [--step-rounds N] [--step-batches 64,128] [--threads N]
 
 --against CHECKOUT adds another version's C kernels (a checkout, e.g. a `git worktree`), built from its sources
 and called in turn with this tree's in every round, with the median of the per-round ratios: a before/after
 comparison in one process, which a machine whose speed drifts between processes cannot spoil. Only the C kernels
-differ; the Python around them is this tree's, so the two versions must share their functions and structs.
+differ; the Python around them is this tree's, so the two versions must share their functions and structs. With
+--kernels it times the kernels; without, the whole ResNet-20 training step (AdderNet with each version's kernels
+and the CNN twin in turn in one process, --step-rounds rounds of --repeats steps, at each of --step-batches),
+printing the step times and the ratios this/other, this/twin and other/twin.
 """
 
 import argparse
@@ -232,30 +236,72 @@ def _median_range(v):
     return f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
 
 
-def model_step(batch, repeats, layers=("adder", "conv"), channels_last=False):
-    """Median ms of one whole ResNet-20 training step (forward, backward, adaptive LR, SGD step),
-    AdderNet on the fast backend vs its CNN twin, on CIFAR-sized input."""
+def _training_step(layer, batch, channels_last=False):
+    """A function running one ResNet-20 training step (forward, backward, adaptive LR, SGD) of `layer` (adder on the
+    fast backend, or conv: the CNN twin) on a fixed CIFAR-sized batch."""
     os.environ["ADDERNET_BACKEND"] = "fast"
     torch.manual_seed(0)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x, y = torch.randn(batch, 3, 32, 32).to(memory_format=fmt), torch.randint(0, 10, (batch,))
+    model = build_model("resnet20", layer).train().to(memory_format=fmt)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+    if layer == "adder":
+        AdaptiveLR(model, 0.2).attach(opt)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def model_step(batch, repeats, layers=("adder", "conv"), channels_last=False):
+    """Median ms of one whole ResNet-20 training step, AdderNet on the fast backend vs its CNN twin."""
     out = {}
     for layer in layers:
-        model = build_model("resnet20", layer).train().to(memory_format=fmt)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
-        if layer == "adder":
-            AdaptiveLR(model, 0.2).attach(opt)
+        step = _training_step(layer, batch, channels_last)
         times, cpu = [], []
         for r in range(repeats + 2):  # two warm-up steps
             t, c = time.perf_counter(), time.process_time()
-            opt.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
+            step()
             times.append((time.perf_counter() - t) * 1e3)
             cpu.append((time.process_time() - c) * 1e3)
         out[layer] = statistics.median(times[2:])
         out[layer + "_cpu"] = statistics.median(cpu[2:])
     return out
+
+
+def step_against(batch, rounds, repeats, against):
+    """Whole-step wall ms, in this one process, of the AdderNet with this tree's C kernels, with another checkout's
+    (ADDERNET_KERNEL_SOURCES: the Python is this tree's) and of the CNN twin, in turn (the order reversed every other
+    round), each the median of `repeats` steps after one warm-up step. Prints the per-round ratios' medians."""
+    other = str(Path(against).resolve() / "addernet" / "ops" / "kernels")
+    sides = {"this": ("adder", None), "other": ("adder", other), "twin": ("conv", None)}
+    steps = {name: _training_step(layer, batch) for name, (layer, _) in sides.items()}
+    ms = {name: [] for name in sides}
+    for r in range(rounds):
+        for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+            _set_env("ADDERNET_KERNEL_SOURCES", sides[name][1])
+            steps[name]()
+            times = []
+            for _ in range(repeats):
+                t = time.perf_counter()
+                steps[name]()
+                times.append((time.perf_counter() - t) * 1e3)
+            ms[name].append(statistics.median(times))
+        _set_env("ADDERNET_KERNEL_SOURCES", None)
+
+    pairs = {"this/other": ("this", "other"), "this/twin": ("this", "twin"), "other/twin": ("other", "twin")}
+    rs = {k: [x / y for x, y in zip(ms[a], ms[b])] for k, (a, b) in pairs.items()}
+    print(
+        f"# whole ResNet-20 training step, batch {batch}, wall ms, one process, {rounds} rounds: AdderNet "
+        f"{statistics.median(ms['this']):.1f} with this tree's kernels, {statistics.median(ms['other']):.1f} with "
+        f"{other}'s, CNN twin {statistics.median(ms['twin']):.1f}; "
+        + "; ".join(f"{k} {statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})" for k, v in rs.items()),
+        flush=True,
+    )
+    return {"batch": batch, "ms": ms, "ratios": rs}
 
 
 def _child_env():
@@ -365,7 +411,14 @@ def main():
     ap.add_argument("--train-rounds", type=int, default=3, help="interleaved rounds of train.py (0: skip)")
     ap.add_argument("--train-size", type=int, default=2560, help="FakeData images per train.py epoch")
     ap.add_argument("--kernels", help="only the float kernels' throughput for these instruction sets, e.g. native,avx2")
-    ap.add_argument("--against", metavar="CHECKOUT", help="with --kernels: another checkout's kernels too, interleaved")
+    ap.add_argument(
+        "--against",
+        metavar="CHECKOUT",
+        help="another checkout's C kernels too, in this process: with --kernels their table, else the whole step",
+    )
+    ap.add_argument(
+        "--step-batches", type=lambda v: [int(b) for b in v.split(",")], default=[64, 128], help="whole-step batches"
+    )
     ap.add_argument("--channels-last", action="store_true", help="whole-step timing in channels-last memory format")
     ap.add_argument("--child-step", choices=("adder", "conv"), help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=64, help=argparse.SUPPRESS)
@@ -381,13 +434,21 @@ def main():
         return
     shapes = [RESNET20[0], RESNET20[4], RESNET20[5]] if args.quick else RESNET20 + RESNET50
     repeats = args.repeats or (5 if args.quick else 15)
-    if args.against and not (args.kernels and (Path(args.against) / "addernet" / "ops" / "kernels").is_dir()):
-        ap.error(f"--against needs --kernels and a checkout of this repository; got {args.against!r}")
+    if args.against and not (Path(args.against) / "addernet" / "ops" / "kernels").is_dir():
+        ap.error(f"--against needs a checkout of this repository; got {args.against!r}")
+    if args.against and not (args.kernels or args.step_rounds):
+        ap.error("--against compares the kernels (--kernels ISA) or the whole step (--step-rounds N, not 0)")
     if args.kernels:
         shapes = RESNET20 if args.quick else RESNET20 + RESNET50
         return kernel_throughput(shapes, args.kernels.split(","), repeats, args.against)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.against:
+        print(f"# {build.machine(torch.get_num_threads())}")
+        for batch in args.step_batches:
+            step_against(batch, args.step_rounds, args.repeats or (3 if args.quick else 5), args.against)
+        print(f"# load average after {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+        return
     pinned = _pin_malloc()
     meta = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -403,7 +464,7 @@ def main():
     print(HEADER)
     rows = [] if args.no_layers else bench(shapes, repeats, args.ref_limit_gb, min(args.ref_repeats, repeats))
     summaries = []
-    for batch in (64, 128) if args.step_rounds else ():
+    for batch in args.step_batches if args.step_rounds else ():
         for r in step_ratio(batch, args.step_rounds, 5 if args.quick else 10, args.threads, args.channels_last):
             summaries.append(r)
             _print_summary(r, "ratio (target <= 1.3)")

@@ -6,6 +6,7 @@ runs both versions."""
 import ctypes
 import gc
 import os
+import re
 import runpy
 import sys
 
@@ -187,9 +188,27 @@ def test_bench_adder_against_another_checkout_times_both_kernels_in_one_process(
     rows = [line.split(" | ") for line in lines if line.startswith("| r20 ")]
     assert len(rows) == 7 and all(float(r[4]) > 0 and float(r[7]) > 0 for r in rows)
     assert "ADDERNET_KERNEL_SOURCES" not in os.environ
-    for argv in (["--against", str(REPO)], ["--kernels", "native", "--against", str(REPO / "docs")]):
+    for argv, says in (
+        (["--against", str(REPO), "--step-rounds", "0"], "--against compares the kernels (--kernels ISA) or the whole"),
+        (["--kernels", "native", "--against", str(REPO / "docs")], "--against needs a checkout of this repository"),
+    ):
         monkeypatch.setattr(sys, "argv", ["bench_adder.py", *argv])
         with pytest.raises(SystemExit) as e:
             runpy.run_path(str(REPO / "scripts" / "bench_adder.py"), run_name="__main__")
         err = capsys.readouterr().err.strip().splitlines()
-        assert e.value.code == 2 and "--against needs --kernels and a checkout of this repository" in err[-1]
+        assert e.value.code == 2 and says in err[-1]
+
+
+def test_bench_adder_against_another_checkout_times_the_whole_step_in_one_process(monkeypatch, capsys):
+    """--against without --kernels: the AdderNet's training step with each checkout's kernels and the CNN twin's,
+    in turn in one process; one line per batch with the three step times and the three ratios."""
+    argv = ["bench_adder.py", "--against", str(REPO), "--step-rounds", "2", "--step-batches", "2,3", "--repeats", "1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    runpy.run_path(str(REPO / "scripts" / "bench_adder.py"), run_name="__main__")
+    lines = [line for line in capsys.readouterr().out.splitlines() if "whole ResNet-20 training step" in line]
+    assert [line.split(",")[1].split()[-1] for line in lines] == ["2", "3"]
+    for line in lines:
+        ratios = re.findall(r"(this/other|this/twin|other/twin) ([\d.]+) \(([\d.]+)-([\d.]+)\)", line)
+        assert [r[0] for r in ratios] == ["this/other", "this/twin", "other/twin"], line
+        assert all(0 < float(lo) <= float(mid) <= float(hi) for _, mid, lo, hi in ratios), line
+    assert "ADDERNET_KERNEL_SOURCES" not in os.environ
