@@ -180,7 +180,7 @@ def kernel_throughput(shapes, isas, repeats, against=None):
     torch.set_num_threads(1)
     sources = {"": None}
     if against:
-        sources["other"] = str(Path(against).resolve() / "addernet" / "ops" / "kernels")
+        sources["other"] = _kernel_sources(against)
         print(f"# other: the kernels of {sources['other']}; ratio: this tree's rate / the other's, per round")
     print(f"# float kernels, float32, 1 thread, thread CPU time, median (min-max) of {repeats} | {build.machine(1)}")
     heads = []
@@ -222,6 +222,11 @@ def kernel_throughput(shapes, isas, repeats, against=None):
         print(f"| {name} | {n} | " + " | ".join(cells + [_median_range(rates["wgrad"])]) + " |", flush=True)
     os.environ.pop("ADDERNET_CPU_ISA")
     print(f"# after: {build.machine(1)}")
+
+
+def _kernel_sources(checkout):
+    """The C kernels' folder of another checkout, for ADDERNET_KERNEL_SOURCES."""
+    return str(Path(checkout).resolve() / "addernet" / "ops" / "kernels")
 
 
 def _set_env(name, value):
@@ -275,8 +280,8 @@ def model_step(batch, repeats, layers=("adder", "conv"), channels_last=False):
 def step_against(batch, rounds, repeats, against):
     """Whole-step wall ms, in this one process, of the AdderNet with this tree's C kernels, with another checkout's
     (ADDERNET_KERNEL_SOURCES: the Python is this tree's) and of the CNN twin, in turn (the order reversed every other
-    round), each the median of `repeats` steps after one warm-up step. Prints the per-round ratios' medians."""
-    other = str(Path(against).resolve() / "addernet" / "ops" / "kernels")
+    round), each the median of `repeats` steps after one warm-up step. Prints them and the per-round ratios."""
+    other = _kernel_sources(against)
     sides = {"this": ("adder", None), "other": ("adder", other), "twin": ("conv", None)}
     steps = {name: _training_step(layer, batch) for name, (layer, _) in sides.items()}
     ms = {name: [] for name in sides}
@@ -301,7 +306,6 @@ def step_against(batch, rounds, repeats, against):
         + "; ".join(f"{k} {statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})" for k, v in rs.items()),
         flush=True,
     )
-    return {"batch": batch, "ms": ms, "ratios": rs}
 
 
 def _child_env():
@@ -434,7 +438,7 @@ def main():
         return
     shapes = [RESNET20[0], RESNET20[4], RESNET20[5]] if args.quick else RESNET20 + RESNET50
     repeats = args.repeats or (5 if args.quick else 15)
-    if args.against and not (Path(args.against) / "addernet" / "ops" / "kernels").is_dir():
+    if args.against and not Path(_kernel_sources(args.against)).is_dir():
         ap.error(f"--against needs a checkout of this repository; got {args.against!r}")
     if args.against and not (args.kernels or args.step_rounds):
         ap.error("--against compares the kernels (--kernels ISA) or the whole step (--step-rounds N, not 0)")

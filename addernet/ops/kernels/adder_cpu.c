@@ -19,9 +19,9 @@
  * to abs-sum / min-max: measured 8 -> 10 elements/cycle for the forward mix and 5.6 -> 8 for the input gradient's
  * (Zen 4). Intel cores run adds on their FMA ports anyway, and there the FMA only costs a register copy (it
  * overwrites an operand; an add does not): a plain add of the negated operand is 1.02-1.14x faster on a Sapphire
- * Rapids-class Xeon (ResNet-20's layers). ADDERNET_SUB_ON_FMA (below) chooses; both forms give the same bits. Do not build with
- * -ffast-math: on many GCC versions a -ffast-math shared object sets flush-to-zero for the whole process when
- * loaded. */
+ * Rapids-class Xeon (ResNet-20's layers). ADDERNET_SUB_ON_FMA (below) chooses; both forms give the same bits.
+ * Do not build with -ffast-math: on many GCC versions a -ffast-math shared object sets flush-to-zero for the whole
+ * process when loaded. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +64,6 @@
  * (an NCHW output whose planes are contiguous). rows[p] points at pixel p's channels; m <= 8 pixels and the first
  * nc <= VL channels are stored at y + c * cstride. Only a copy: the stored values are those of the element loop. */
 #if ISA_AVX2
-static inline __m256 neg8(__m256 v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.0f)); }
 #define STORE_RUNS_F 1
 #if ISA_AVX512
 static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, int m, int nc) {
@@ -94,9 +93,10 @@ static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, 
 }
 #else
 static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, int m, int nc) {
-    __m256 t[8], u[8];
+    __m256 r[8], t[8], u[8];
+    for (int p = 0; p < 8; p++) r[p] = _mm256_xor_ps(_mm256_loadu_ps(rows[p]), _mm256_set1_ps(-0.0f));
     for (int p = 0; p < 8; p += 2) {
-        const __m256 a = neg8(_mm256_loadu_ps(rows[p])), b = neg8(_mm256_loadu_ps(rows[p + 1]));
+        const __m256 a = r[p], b = r[p + 1];
         t[p] = _mm256_unpacklo_ps(a, b);
         t[p + 1] = _mm256_unpackhi_ps(a, b);
     }
@@ -108,7 +108,8 @@ static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, 
     }
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (int k = 0; k < 4; k++) {
-        const __m256 run[2] = {_mm256_permute2f128_ps(u[k], u[4 + k], 0x20), _mm256_permute2f128_ps(u[k], u[4 + k], 0x31)};
+        const __m256 run[2] = {_mm256_permute2f128_ps(u[k], u[4 + k], 0x20),
+                               _mm256_permute2f128_ps(u[k], u[4 + k], 0x31)};
         for (int j = 0; j < 2; j++)
             if (4 * j + k < nc) _mm256_maskstore_ps(y + (4 * j + k) * cstride, mask, run[j]);
     }
