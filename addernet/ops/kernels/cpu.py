@@ -122,8 +122,8 @@ def _pack_forward(w, opad, vl, group_dims=1):
     (k: the taps and input channels in the order the kernel steps through them) -> the NEGATED weight packed per group
     in blocks of 2*vl output channels, [k][block] each, zero in Og..Opad-1 (adder_cpu.c), (prod G, K*Opad). One pass
     over w when Og is a multiple of vl (a 512->512 3x3 weight: 2.4 ms, against 30 ms in five passes, on a Sapphire
-    Rapids-class Xeon, 1 thread); the kernel
-    computes x - w as x + (-w), or fma(x, 1, -w) on AMD cores (same rounding, other pipes)."""
+    Rapids-class Xeon, 1 thread); the kernel computes x - w as x + (-w), or fma(x, 1, -w) on AMD cores (same
+    rounding, other pipes)."""
     w = w.detach()
     if w.shape[-1] < opad:
         w = F.pad(w, (0, opad - w.shape[-1]))
