@@ -339,7 +339,8 @@ def test_empty_batch(backend, backend_env):
     assert torch.equal(layer.weight.grad, torch.zeros_like(layer.weight))
 
 
-@pytest.mark.slow  # inductor's C++ code generation and compilation
+@pytest.mark.integration  # torch.compile: inductor's C++ code generation and compilation
+@pytest.mark.slow
 def test_torch_compile_matches_eager(backend_env):
     backend_env("fast")
     torch.manual_seed(6)

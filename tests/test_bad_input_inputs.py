@@ -23,7 +23,18 @@ from addernet.engine.evaluation import evaluate_checkpoint
 from addernet.errors import ConfigError
 from addernet.models import build_model
 
-from helpers import CIFAR10_CLASSES, FAKE, REPO, TINY_RUN, compose, folder_run, run_main, run_train, write_jpeg_folder
+from helpers import (
+    CIFAR10_CLASSES,
+    FAKE,
+    REPO,
+    TINY_RUN,
+    compose,
+    folder_run,
+    run_entry,
+    run_main,
+    run_train,
+    write_jpeg_folder,
+)
 
 
 @pytest.fixture
@@ -201,11 +212,11 @@ def test_an_override_the_evaluated_dataset_ignores_is_refused(finished_tiny_run)
         evaluate_checkpoint(compose(args, config_name="test"), args)
 
 
-@pytest.mark.slow
 def test_quantize_out_never_replaces_a_training_checkpoint(finished_tiny_run):
     last = finished_tiny_run / "checkpoints" / "last.pt"
     kept = last.read_bytes()
-    r = run_train(
+    r = run_entry(
+        "scripts/quantize.py",
         [
             f"checkpoint={finished_tiny_run / 'checkpoints' / 'best.pt'}",
             f"out={last}",
@@ -213,8 +224,6 @@ def test_quantize_out_never_replaces_a_training_checkpoint(finished_tiny_run):
             "quant.calib_images=8",
             "quant.calib_batch_size=4",
         ],
-        script=("scripts/quantize.py",),
-        timeout=180,
     )
     assert r.returncode == 2 and f"out={last} exists; it is not replaced unless you pass overwrite=true" in r.stderr
     assert last.read_bytes() == kept
@@ -315,9 +324,8 @@ def test_a_bare_state_dict_is_not_evaluated_as_the_other_twin(finished_tiny_run,
     assert evaluate_checkpoint(compose(args, config_name="test"), args)["n"] == 8
 
 
-@pytest.mark.slow
 def test_train_py_help_lists_only_the_groups_train_py_accepts():
-    r = run_train(["--help"], timeout=120)
+    r = run_entry("train.py", ["--help"])
     groups = [
         line.split(":")[0]
         for line in r.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0].splitlines()

@@ -1,8 +1,7 @@
 """Op counter: closed-form layer counts, torch's own FLOP counter, the paper's tables, the script's JSON."""
 
 import json
-import subprocess
-import sys
+import runpy
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from addernet.analysis import count_model_ops, count_ops
 from addernet.models import build_model
 from addernet.tools.count_ops import native_data
 
-from helpers import REPO
+from helpers import REPO, run_main
 
 # name -> (image size, classes) at the dataset's resolution
 DATA = {
@@ -147,15 +146,15 @@ def test_count_ops_rejects_unknown_layers():
         count_ops(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Softplus()), (3, 8, 8))
 
 
-@pytest.mark.slow
-def test_script_prints_table_then_json(tmp_path):
-    out = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "count_ops.py"), "model=vgg_small", "model.layer=conv"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def _script(*args):
+    """``python scripts/count_ops.py args...``, the script itself run in this process."""
+    script = str(REPO / "scripts" / "count_ops.py")
+    return run_main(lambda: runpy.run_path(script, run_name="__main__"), "count_ops.py", args)
+
+
+def test_script_prints_table_then_json(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = _script("model=vgg_small", "model.layer=conv")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert any(line.startswith("whole network") for line in lines)
@@ -174,15 +173,9 @@ def test_script_counts_at_the_models_native_input_unless_data_is_given():
     assert native_data(["experiment=imagenet_resnet50_adder"]) is None
 
 
-@pytest.mark.slow
-def test_script_counts_resnet50_at_imagenet_size_by_default(tmp_path):
-    out = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "count_ops.py"), "model=resnet50"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_script_counts_resnet50_at_imagenet_size_by_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = _script("model=resnet50")
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["input"] == [1, 3, 224, 224] and got == json.loads(json.dumps(_count("resnet50", "adder")))

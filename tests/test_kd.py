@@ -12,7 +12,7 @@ from addernet.engine import evaluate, model_from_config, train
 from addernet.errors import CheckpointError, ConfigError
 from addernet.tasks import build_task
 
-from helpers import KD_RUN, compose, conv_teacher_file, f32_ce_bound, f32_sum_bound, kd_cfg, run_train
+from helpers import KD_RUN, compose, conv_teacher_file, f32_ce_bound, f32_sum_bound, kd_cfg, run_entry
 
 
 def test_loss_equals_the_formula_computed_independently(tmp_path):
@@ -156,10 +156,9 @@ def test_bad_teachers_stop_before_any_training_step(tmp_path, case, error, messa
     assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints" / "last.pt").exists()
 
 
-@pytest.mark.slow
 def test_train_py_exits_non_zero_with_one_line_for_a_missing_teacher(tmp_path):
-    proc = run_train(
-        KD_RUN + ["task=kd", f"task.teacher={tmp_path / 'nope.pt'}", f"hydra.run.dir={tmp_path / 'r'}"], timeout=120
+    proc = run_entry(
+        "train.py", KD_RUN + ["task=kd", f"task.teacher={tmp_path / 'nope.pt'}", f"hydra.run.dir={tmp_path / 'r'}"]
     )
     assert proc.returncode == 2
     assert "train.py: error: checkpoint not found" in proc.stderr and "Traceback" not in proc.stderr

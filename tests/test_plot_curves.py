@@ -1,7 +1,7 @@
 """addernet.analysis.curves (scripts/plot_curves.py): reads metrics.jsonl run directories and draws curves."""
 
 import json
-import subprocess
+import runpy
 import sys
 
 import pytest
@@ -10,7 +10,7 @@ from addernet.analysis import curves
 from addernet.analysis.runs import load_metrics
 from addernet.errors import ConfigError
 
-from helpers import REPO
+from helpers import REPO, run_main
 
 SCRIPT = REPO / "scripts" / "plot_curves.py"
 
@@ -67,32 +67,33 @@ def test_plot_overlays_runs_with_their_values(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.slow
+def _cli(*args):
+    """``python scripts/plot_curves.py args...``, the script itself run in this process."""
+    return run_main(lambda: runpy.run_path(str(SCRIPT), run_name="__main__"), "plot_curves.py", args)
+
+
 def test_cli_writes_png(tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
     a, b = _run_dir(tmp_path, "adder", _records(0)), _run_dir(tmp_path, "cnn", _records(1))
     out = tmp_path / "curves.png"
-    r = subprocess.run([sys.executable, str(SCRIPT), str(a), str(b), "--out", str(out)], capture_output=True, text=True)
+    r = _cli(a, b, "--out", out)
     assert r.returncode == 0, r.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.slow
-def test_cli_without_matplotlib_says_how_to_install(tmp_path):
+def test_cli_without_matplotlib_says_how_to_install(tmp_path, monkeypatch):
     a = _run_dir(tmp_path, "adder", _records(0))
-    code = (
-        "import sys, runpy; sys.modules['matplotlib'] = None; "
-        f"sys.argv = ['plot_curves.py', {str(a)!r}]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # an import of it fails, as where it is not installed
+    r = _cli(a)
     assert r.returncode == 2  # a user error: one line, exit 2, as train.py
     assert "pip install matplotlib" in r.stderr
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.slow
 def test_cli_missing_run_dir_is_a_clear_error(tmp_path):
-    r = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "nope")], capture_output=True, text=True)
+    r = _cli(tmp_path / "nope")
     assert r.returncode == 2
     assert "metrics.jsonl not found" in r.stderr and "Traceback" not in r.stderr
 
@@ -149,13 +150,11 @@ def test_out_without_an_extension_is_a_png_named_as_written(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not (tmp_path / "curvesnoext").exists()
 
 
-@pytest.mark.slow
-def test_cli_out_in_a_format_it_does_not_write_is_one_line(tmp_path):
+def test_cli_out_in_a_format_it_does_not_write_is_one_line(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib", reason="matplotlib is an optional extra of plot_curves.py")
     run = _run_dir(tmp_path, "adder", _records(0))
-    r = subprocess.run(
-        [sys.executable, str(SCRIPT), str(run), "--out", "x.txt"], capture_output=True, text=True, cwd=tmp_path
-    )
+    monkeypatch.chdir(tmp_path)
+    r = _cli(run, "--out", "x.txt")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("plot_curves.py: error: --out x.txt: .txt is not a format plot_curves.py writes; use ")
     assert [p.name for p in tmp_path.iterdir()] == ["adder"]
