@@ -14,13 +14,12 @@
  * adder_cpu_body.h twice; vector code uses GCC/Clang vector extensions, with AVX-512/AVX
  * min/max/FMA intrinsics when available.
  *
- * Port balance: AMD Zen cores have two add and two FMA pipes. With AVX-512 on Zen 4, the subtractions x - w are
- * issued as fma(x, 1, -w), which rounds once, exactly like the subtraction, but runs on the FMA pipes, leaving the
- * add pipes to abs-sum / min-max: the input gradient measured 1.16-1.20x faster than with a subtraction. Elsewhere
- * the kernels add the negated operand: on Intel cores adds run on the FMA ports anyway, and the FMA only costs a
- * register copy (it overwrites an operand; an add does not), 1.02-1.14x on a Sapphire Rapids-class Xeon; with AVX2
- * on Zen 3 the add measured 1.03-1.11x faster in the input gradient (ResNet-20's 3x3 layers). build.py's sub_on_fma()
- * sets ADDERNET_SUB_ON_FMA (below); both forms give the same bits.
+ * Port balance: on AMD Zen cores, with two add and two FMA pipes, the subtractions x - w are issued as
+ * fma(x, 1, -w), which rounds once, exactly like the subtraction, but runs on the FMA pipes, leaving the add pipes
+ * to abs-sum / min-max: measured 8 -> 10 elements/cycle for the forward mix and 5.6 -> 8 for the input gradient's
+ * (Zen 4). Intel cores run adds on their FMA ports anyway, and there the FMA only costs a register copy (it
+ * overwrites an operand; an add does not): a plain add of the negated operand is 1.02-1.14x faster on a Sapphire
+ * Rapids-class Xeon (ResNet-20's layers). ADDERNET_SUB_ON_FMA (below) chooses; both forms give the same bits.
  * Do not build with -ffast-math: on many GCC versions a -ffast-math shared object sets flush-to-zero for the whole
  * process when loaded. */
 #include <stdint.h>
@@ -30,7 +29,7 @@
 #include "geometry.h"
 #include "isa.h"
 
-/* "Port balance" above: build.py passes -DADDERNET_SUB_ON_FMA=1 for AVX-512 code on an AMD CPU */
+/* "Port balance" above: build.py passes -DADDERNET_SUB_ON_FMA=1 on an AMD CPU */
 #ifndef ADDERNET_SUB_ON_FMA
 #define ADDERNET_SUB_ON_FMA 0
 #endif

@@ -216,18 +216,12 @@ _declared = {}  # (library, isa, source folder) -> the library with its function
 
 
 def amd_cpu():
-    """True on an AMD CPU (the vendor in /proc/cpuinfo)."""
+    """True on an AMD CPU: the float kernels then issue x - w on the FMA pipes (adder_cpu.c, "Port balance")."""
     try:
         with open("/proc/cpuinfo") as f:
             return any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in f)
     except OSError:
         return False
-
-
-def sub_on_fma(isa):
-    """Whether the float kernels built for `isa` issue x - w on the FMA pipes (adder_cpu.c, "Port balance"):
-    the AVX-512 code on an AMD CPU."""
-    return amd_cpu() and isa in ("native", "avx512") and not missing_cpu_flags("avx512")
 
 
 def build_library(name="adder_cpu", isa=None):
@@ -237,7 +231,7 @@ def build_library(name="adder_cpu", isa=None):
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise BuildError(f"C compiler {cc!r} not found")
-    flags = FLAGS + ISAS[isa][0] + (("-DADDERNET_SUB_ON_FMA=1",) if sub_on_fma(isa) else ())
+    flags = FLAGS + ISAS[isa][0] + (("-DADDERNET_SUB_ON_FMA=1",) if amd_cpu() else ())
     try:
         return _build(cc, flags + OPENMP, name)
     except BuildError:  # a compiler without OpenMP: the serial build still works
