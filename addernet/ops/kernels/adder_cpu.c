@@ -17,7 +17,7 @@
  * Port balance: on AMD Zen cores, with two add and two FMA pipes, the subtractions x - w are issued as
  * fma(x, 1, -w), which rounds once, exactly like the subtraction, but runs on the FMA pipes, leaving the add pipes
  * to abs-sum / min-max: measured 8 -> 10 elements/cycle for the forward mix and 5.6 -> 8 for the input gradient's
- * (Zen 4). Intel cores run adds on their FMA ports anyway, and there the FMA only costs a register copy (it
+ * (Zen 3 and Zen 4). Intel cores run adds on their FMA ports anyway, and there the FMA only costs a register copy (it
  * overwrites an operand; an add does not): a plain add of the negated operand is 1.02-1.14x faster on a Sapphire
  * Rapids-class Xeon (ResNet-20's layers). ADDERNET_SUB_ON_FMA (below) chooses; both forms give the same bits.
  * Do not build with -ffast-math: on many GCC versions a -ffast-math shared object sets flush-to-zero for the whole

@@ -87,12 +87,19 @@ def cache_dir():
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "addernet"
 
 
-def _cpu_fingerprint():
-    try:  # -march=native output depends on the CPU; a shared home may be mounted on other machines
+def _cpuinfo_line(key):
+    """The first line of /proc/cpuinfo that starts with `key` ("" if none), or None where it cannot be read."""
+    try:
         with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
+            return next((line for line in f if line.startswith(key)), "")
     except OSError:
-        return os.uname().machine
+        return None
+
+
+def _cpu_fingerprint():
+    # -march=native output depends on the CPU; a shared home may be mounted on other machines
+    line = _cpuinfo_line("flags")
+    return os.uname().machine if line is None else line
 
 
 def cpu_isa(isa=None):
@@ -113,12 +120,8 @@ def missing_cpu_flags(isa):
 
 def cpu_info():
     """(CPU model name, its flags) from /proc/cpuinfo; ("", set()) where there is none."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        model = ""
-    return model, set(_cpu_fingerprint().split(":", 1)[-1].split())
+    line = _cpuinfo_line("model name")
+    return (line.split(":", 1)[1].strip() if line else ""), set(_cpu_fingerprint().split(":", 1)[-1].split())
 
 
 def machine(threads):
@@ -217,11 +220,7 @@ _declared = {}  # (library, isa, source folder) -> the library with its function
 
 def amd_cpu():
     """True on an AMD CPU: the float kernels then issue x - w on the FMA pipes (adder_cpu.c, "Port balance")."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in f)
-    except OSError:
-        return False
+    return "AuthenticAMD" in (_cpuinfo_line("vendor_id") or "")
 
 
 def build_library(name="adder_cpu", isa=None):
