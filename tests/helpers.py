@@ -355,6 +355,14 @@ def run_main(main, prog, args):
     return subprocess.CompletedProcess([prog, *map(str, args)], code, out.getvalue(), err.getvalue() + shown)
 
 
+def run_script(script, args):
+    """Run the script file ``script`` (relative to the repository) in this process through run_main, as
+    ``python script args...`` runs it, its own ``if __name__ == "__main__"`` block included."""
+    import runpy
+
+    return run_main(lambda: runpy.run_path(str(REPO / script), run_name="__main__"), Path(script).name, args)
+
+
 def run_entry(script, args):
     """Run the entry point ``script`` (train.py, test.py, scripts/quantize.py, scripts/export_onnx.py) in this process
     through run_main, as ``python script args...`` runs it."""

@@ -1,7 +1,6 @@
 """Op counter: closed-form layer counts, torch's own FLOP counter, the paper's tables, the script's JSON."""
 
 import json
-import runpy
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ from addernet.analysis import count_model_ops, count_ops
 from addernet.models import build_model
 from addernet.tools.count_ops import native_data
 
-from helpers import REPO, run_main
+from helpers import run_script
 
 # name -> (image size, classes) at the dataset's resolution
 DATA = {
@@ -146,15 +145,9 @@ def test_count_ops_rejects_unknown_layers():
         count_ops(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Softplus()), (3, 8, 8))
 
 
-def _script(*args):
-    """``python scripts/count_ops.py args...``, the script itself run in this process."""
-    script = str(REPO / "scripts" / "count_ops.py")
-    return run_main(lambda: runpy.run_path(script, run_name="__main__"), "count_ops.py", args)
-
-
 def test_script_prints_table_then_json(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    out = _script("model=vgg_small", "model.layer=conv")
+    out = run_script("scripts/count_ops.py", ["model=vgg_small", "model.layer=conv"])
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert any(line.startswith("whole network") for line in lines)
@@ -175,7 +168,7 @@ def test_script_counts_at_the_models_native_input_unless_data_is_given():
 
 def test_script_counts_resnet50_at_imagenet_size_by_default(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    out = _script("model=resnet50")
+    out = run_script("scripts/count_ops.py", ["model=resnet50"])
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["input"] == [1, 3, 224, 224] and got == json.loads(json.dumps(_count("resnet50", "adder")))

@@ -1,7 +1,6 @@
 """addernet.analysis.curves (scripts/plot_curves.py): reads metrics.jsonl run directories and draws curves."""
 
 import json
-import runpy
 import sys
 
 import pytest
@@ -10,9 +9,7 @@ from addernet.analysis import curves
 from addernet.analysis.runs import load_metrics
 from addernet.errors import ConfigError
 
-from helpers import REPO, run_main
-
-SCRIPT = REPO / "scripts" / "plot_curves.py"
+from helpers import run_script
 
 
 def _run_dir(tmp_path, name, records):
@@ -68,8 +65,8 @@ def test_plot_overlays_runs_with_their_values(tmp_path):
 
 
 def _cli(*args):
-    """``python scripts/plot_curves.py args...``, the script itself run in this process."""
-    return run_main(lambda: runpy.run_path(str(SCRIPT), run_name="__main__"), "plot_curves.py", args)
+    """``python scripts/plot_curves.py args...``, in this process."""
+    return run_script("scripts/plot_curves.py", args)
 
 
 def test_cli_writes_png(tmp_path):
