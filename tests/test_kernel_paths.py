@@ -66,8 +66,9 @@ def _fwd_bwd(x, w, conf, gy, backend, monkeypatch):
 # widths of every vector length, groups, depthwise, batch 1 (pixels split across threads), batch 1 with
 # 3 groups (groups split unevenly across threads) and batch 3; the forward's three ways to read an image: in
 # place (unpadded, also strided), a zero-bordered copy in the input's order, and (over 64 NCHW channels) a
-# channels-last copy
+# channels-last copy; over 256 output channels (the input gradient packs every tile of g)
 FLOAT_CASES = [
+    (2, 5, 260, 4, 6, (3, 3), 1, 1, 1, 1),
     (3, 40, 72, 9, 11, (3, 3), 2, 1, 1, 2),
     (1, 6, 5, 7, 6, (3, 1), 1, 2, 2, 1),
     (2, 4, 8, 5, 5, (3, 3), 1, 1, 1, 4),

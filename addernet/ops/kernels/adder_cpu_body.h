@@ -330,7 +330,7 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
             T *dwg = dw ? dw + (slot * G + gr) * Og * wo : NULL;
             for (int64_t q = 0; q < L; q += GIN_P) {
                 const int64_t m = L - q < GIN_P ? L - q : GIN_P;
-                int direct = m == GIN_P;
+                int direct = m == GIN_P && Og <= GIN_DIRECT_OG;
                 for (int p = 1; p < GIN_P; p++) direct &= go[q + p] == go[q] + p;
                 const T *gtile = direct ? gg + go[q] : gt;
                 const int64_t gos = direct ? gs[1] : GIN_P;
