@@ -64,12 +64,60 @@
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SUF)
 
-/* The forward's NCHW store for float: an 8-pixel x VL-channel block of a tile transposed in registers into runs of
- * pixels, one (masked) vector store per channel, in place of VL * 8 element stores; the pixels are consecutive in y
- * (an NCHW output whose planes are contiguous). rows[p] points at pixel p's channels; m <= 8 pixels and the first
- * nc <= VL channels are stored at y + c * cstride. Only a copy: the stored values are those of the element loop. */
 #if ISA_AVX2
 #define STORE_RUNS_F 1
+/* r[k][p] = r[p][k]: an 8x8 block of floats transposed in registers. */
+static inline void transpose8_f(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int p = 0; p < 8; p += 2) {
+        t[p] = _mm256_unpacklo_ps(r[p], r[p + 1]);
+        t[p + 1] = _mm256_unpackhi_ps(r[p], r[p + 1]);
+    }
+    for (int h = 0; h < 2; h++) {
+        u[4 * h + 0] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+        u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+        u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+        u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+    }
+    for (int k = 0; k < 4; k++) {
+        r[k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
+        r[4 + k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
+    }
+}
+
+/* dst[k * ds + p] = src[p * ss + k] for p, k < 8: the copies between NCHW images and channels-last scratch, a block
+ * of 8 pixels x 8 channels at a time (elementwise, a 56x56 image of 256 channels took 40% of a 1x1 layer's forward). */
+static inline void transpose_block_f(const float *src, int64_t ss, float *dst, int64_t ds) {
+    __m256 r[8];
+    for (int p = 0; p < 8; p++) r[p] = _mm256_loadu_ps(src + p * ss);
+    transpose8_f(r);
+    for (int k = 0; k < 8; k++) _mm256_storeu_ps(dst + k * ds, r[k]);
+}
+
+/* The first m <= 8 lanes of v at p, in plain stores of 8, 4, 2 and 1 lanes: AVX2's masked store (vmaskmovps) is
+ * microcoded on AMD Zen cores, 11 cycles each on a Zen 3 against 1 for a plain store, which made the stores of
+ * ResNet-20's 1x1 layers cost more than their arithmetic. */
+static inline void store_first_f(float *p, __m256 v, int m) {
+    if (m == 8) {
+        _mm256_storeu_ps(p, v);
+        return;
+    }
+    __m128 h = _mm256_castps256_ps128(v);
+    if (m >= 4) {
+        _mm_storeu_ps(p, h);
+        p += 4, m -= 4, h = _mm256_extractf128_ps(v, 1);
+    }
+    if (m >= 2) {
+        _mm_storel_pi((__m64 *)p, h);
+        p += 2, m -= 2, h = _mm_movehl_ps(h, h);
+    }
+    if (m) _mm_store_ss(p, h);
+}
+
+/* The forward's NCHW store for float: an 8-pixel x VL-channel block of a tile transposed in registers into runs of
+ * pixels, one vector store per channel (masked with AVX-512, in plain parts with AVX2), in place of VL * 8 element stores; the pixels are consecutive in y
+ * (an NCHW output whose planes are contiguous). rows[p] points at pixel p's channels; m <= 8 pixels and the first
+ * nc <= VL channels are stored at y + c * cstride. Only a copy: the stored values are those of the element loop. */
 #if ISA_AVX512
 static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, int m, int nc) {
     __m512 r[8], t[8], u[8];
@@ -97,46 +145,11 @@ static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, 
     }
 }
 #else
-/* The first m <= 8 lanes of v at p, in plain stores of 8, 4, 2 and 1 lanes: AVX2's masked store (vmaskmovps) is
- * microcoded on AMD Zen cores, 11 cycles each on a Zen 3 against 1 for a plain store, which made the stores of
- * ResNet-20's 1x1 layers cost more than their arithmetic. */
-static inline void store_first_f(float *p, __m256 v, int m) {
-    if (m == 8) {
-        _mm256_storeu_ps(p, v);
-        return;
-    }
-    __m128 h = _mm256_castps256_ps128(v);
-    if (m >= 4) {
-        _mm_storeu_ps(p, h);
-        p += 4, m -= 4, h = _mm256_extractf128_ps(v, 1);
-    }
-    if (m >= 2) {
-        _mm_storel_pi((__m64 *)p, h);
-        p += 2, m -= 2, h = _mm_movehl_ps(h, h);
-    }
-    if (m) _mm_store_ss(p, h);
-}
-
 static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, int m, int nc) {
-    __m256 r[8], t[8], u[8];
+    __m256 r[8];
     for (int p = 0; p < 8; p++) r[p] = _mm256_xor_ps(_mm256_loadu_ps(rows[p]), _mm256_set1_ps(-0.0f));
-    for (int p = 0; p < 8; p += 2) {
-        const __m256 a = r[p], b = r[p + 1];
-        t[p] = _mm256_unpacklo_ps(a, b);
-        t[p + 1] = _mm256_unpackhi_ps(a, b);
-    }
-    for (int h = 0; h < 2; h++) {
-        u[4 * h + 0] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
-        u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
-        u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
-        u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
-    }
-    for (int k = 0; k < 4; k++) {
-        const __m256 run[2] = {_mm256_permute2f128_ps(u[k], u[4 + k], 0x20),
-                               _mm256_permute2f128_ps(u[k], u[4 + k], 0x31)};
-        for (int j = 0; j < 2; j++)
-            if (4 * j + k < nc) store_first_f(y + (4 * j + k) * cstride, run[j], m);
-    }
+    transpose8_f(r);
+    for (int k = 0; k < nc && k < 8; k++) store_first_f(y + k * cstride, r[k], m);
 }
 #endif
 #endif
@@ -157,9 +170,11 @@ static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, 
 #endif
 #ifdef STORE_RUNS_F
 #define STORE_RUNS store_runs_f
+#define TRANSPOSE_BLOCK transpose_block_f
 #endif
 #include "adder_cpu_body.h"
 #undef STORE_RUNS
+#undef TRANSPOSE_BLOCK
 #undef T
 #undef SUF
 #undef IT

@@ -72,10 +72,19 @@ static void FN(copy_interior)(const T *x, const int64_t *xs, const adder_geometr
         for (int64_t h = 0; h < H; h++)
             for (int64_t w0 = 0; w0 < W; w0 += 16) {
                 const int64_t w1 = W - w0 < 16 ? W : w0 + 16;
+                int64_t cv = c0, wv = w0; /* channels c0..cv-1 of pixels w0..wv-1 copied in blocks */
+#ifdef TRANSPOSE_BLOCK /* 8 channels x 8 pixels transposed in registers */
+                if (cs == 1 && xs[3] == 1) {
+                    cv = c0 + (c1 - c0) / 8 * 8, wv = w0 + (w1 - w0) / 8 * 8;
+                    for (int64_t c = c0; c < cv; c += 8)
+                        for (int64_t v = w0; v < wv; v += 8)
+                            TRANSPOSE_BLOCK(x + c * xs[1] + h * xs[2] + v, xs[1], b + h * rs + v * ps + c, ps);
+                }
+#endif
                 for (int64_t c = c0; c < c1; c++) {
                     const T *src = x + c * xs[1] + h * xs[2];
                     T *dst = b + c * cs + h * rs;
-                    for (int64_t w = w0; w < w1; w++) dst[w * ps] = src[w * xs[3]];
+                    for (int64_t w = c < cv ? wv : w0; w < w1; w++) dst[w * ps] = src[w * xs[3]];
                 }
             }
 }
@@ -352,11 +361,20 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
             for (int64_t w0 = 0; w0 < W; w0 += 16) {
                 const int64_t w1 = W - w0 < 16 ? W : w0 + 16;
                 const T *bp = gbuf + ((h + ph) * Wp + pw) * Ct;
-                for (int64_t gr = g0; gr < g1; gr++)
-                    for (int64_t c = 0; c < Cg; c++) {
-                        T *gc = gx + n * gxs[0] + (gr * Cg + c) * gxs[1] + h * gxs[2];
-                        for (int64_t w = w0; w < w1; w++) gc[w * gxs[3]] = bp[w * Ct + gr * Cgp + c];
+                for (int64_t gr = g0; gr < g1; gr++) {
+                    T *gxr = gx + n * gxs[0] + gr * Cg * gxs[1] + h * gxs[2];
+                    const T *bg = bp + gr * Cgp;
+                    int64_t cv = 0, wv = w0; /* as in copy_interior */
+#ifdef TRANSPOSE_BLOCK
+                    if (gxs[3] == 1) {
+                        cv = Cg / 8 * 8, wv = w0 + (w1 - w0) / 8 * 8;
+                        for (int64_t c = 0; c < cv; c += 8)
+                            for (int64_t v = w0; v < wv; v += 8) TRANSPOSE_BLOCK(bg + v * Ct + c, Ct, gxr + c * gxs[1] + v, gxs[1]);
                     }
+#endif
+                    for (int64_t c = 0; c < Cg; c++)
+                        for (int64_t w = c < cv ? wv : w0; w < w1; w++) gxr[c * gxs[1] + w * gxs[3]] = bg[w * Ct + c];
+                }
             }
     }
     free(xo);
