@@ -369,7 +369,8 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
                     if (gxs[3] == 1) {
                         cv = Cg / 8 * 8, wv = w0 + (w1 - w0) / 8 * 8;
                         for (int64_t c = 0; c < cv; c += 8)
-                            for (int64_t v = w0; v < wv; v += 8) TRANSPOSE_BLOCK(bg + v * Ct + c, Ct, gxr + c * gxs[1] + v, gxs[1]);
+                            for (int64_t v = w0; v < wv; v += 8)
+                                TRANSPOSE_BLOCK(bg + v * Ct + c, Ct, gxr + c * gxs[1] + v, gxs[1]);
                     }
 #endif
                     for (int64_t c = 0; c < Cg; c++)
