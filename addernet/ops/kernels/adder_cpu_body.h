@@ -310,8 +310,8 @@ static __attribute__((noinline)) void FN(gin_tile_w)(const T *xb, T *gb, const i
 /* gx[n0:n1, groups g0:g1] = input gradient (groups own disjoint channels, so group ranges may run in
  * parallel). w2 is the weight packed [G][kh][kw][Cgp/VL][Og][VL] (zero channel padding), so a tile
  * streams one contiguous block of it; g and gx are read / written through strides gs / gxs. A tile
- * of GIN_P consecutive output pixels of g (pixel stride 1: an NCHW row) is read in place, any other
- * packed first. With dw (not NULL), sum g x over these images and groups is added into slot `slot` of dw, slots of
+ * of GIN_P consecutive output pixels of g (pixel stride 1: an NCHW row) that runs fewer than GIN_DIRECT_BLOCKS blocks
+ * of the weight is read in place, any other packed first. With dw (not NULL), sum g x over these images and groups is added into slot `slot` of dw, slots of
  * G*kh*kw*Cgp*Og elements laid out as w2 (one slot per range: ranges run in parallel). Returns 0, or 1 when
  * scratch memory cannot be allocated. */
 int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
@@ -339,7 +339,7 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
             T *dwg = dw ? dw + (slot * G + gr) * Og * wo : NULL;
             for (int64_t q = 0; q < L; q += GIN_P) {
                 const int64_t m = L - q < GIN_P ? L - q : GIN_P;
-                int direct = m == GIN_P && Og <= GIN_DIRECT_OG;
+                int direct = m == GIN_P && kh * kw * Cgp < GIN_DIRECT_BLOCKS * VL;
                 for (int p = 1; p < GIN_P; p++) direct &= go[q + p] == go[q] + p;
                 const T *gtile = direct ? gg + go[q] : gt;
                 const int64_t gos = direct ? gs[1] : GIN_P;
