@@ -25,10 +25,12 @@ with a warning when the machine was busy (others' load makes every figure noisy)
     python scripts/bench_adder.py [--quick] [--json PATH] [--repeats N] [--threads N]
                                   [--no-layers] [--step-rounds N] [--train-rounds N] [--train-size N]
 
---kernels ISA,ISA,... prints only the float kernels' throughput instead: forward and input gradient of
-each ResNet-20 shape (and the r50 ones unless --quick) called directly, float32, on one thread, in
-thread CPU time, the instruction sets (ADDERNET_CPU_ISA, docs/adder_layer.md) interleaved per round;
-G elements/s with elements = N x Cout x Cin x kh x kw x Ho x Wo, median and min-max over --repeats.
+--kernels ISA,ISA,... prints only the float kernels' throughput instead: forward, input gradient, and input
+gradient with the weight gradient's product term summed in the same tiles (grad_in+w: what a training step calls
+for a weight of up to cpu.FUSED_WEIGHT_BYTES, docs/adder_layer.md) of each ResNet-20 shape (and the r50 ones
+unless --quick) called directly, float32, on one thread, in thread CPU time, the instruction sets
+(ADDERNET_CPU_ISA, docs/adder_layer.md) interleaved per round; G elements/s with elements = N x Cout x Cin x kh x
+kw x Ho x Wo, median and min-max over --repeats.
 Divide by scripts/cpu_peak.c's peak of the mix for the share of peak (docs/benchmarks.md). The last column
 is the weight gradient (torch's convolution weight gradient and the W sum(g) term, the same on every
 instruction set of this package's kernels): divide by the FMA peak.
@@ -185,7 +187,7 @@ def kernel_throughput(shapes, isas, repeats, against=None):
     print(f"# float kernels, float32, 1 thread, thread CPU time, median (min-max) of {repeats} | {build.machine(1)}")
     heads = []
     for i in isas:
-        for c in ("fwd", "grad_in"):
+        for c in ("fwd", "grad_in", "grad_in+w"):
             heads += [f"{i} {c} G/s"] + ([f"{i} other {c}", "ratio"] if against else [])
     print("| shape | batch | " + " | ".join(heads) + " | grad_w G/s |")
     print("|---|---" + "|---" * len(heads) + "|---|")
@@ -195,7 +197,11 @@ def kernel_throughput(shapes, isas, repeats, against=None):
         conf = ((s, s), (p, p), (1, 1), 1)
         g = torch.randn_like(cpu.forward(x, w, *conf))
         work = g.numel() * cin * k * k / 1e9
-        calls = {"fwd": lambda: cpu.forward(x, w, *conf), "gin": lambda: cpu.grad_input(x, w, g, *conf)}
+        calls = {
+            "fwd": lambda: cpu.forward(x, w, *conf),
+            "gin": lambda: cpu.grad_input(x, w, g, *conf),
+            "giw": lambda: cpu.grad_input_weight(x, w, g, *conf),
+        }
         rates = {(i, c, v): [] for i in isas for c in calls for v in sources} | {"wgrad": []}
         for r in range(repeats + 1):  # the first round builds the kernels and warms the caches
             for i in isas:

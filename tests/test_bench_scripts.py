@@ -197,9 +197,10 @@ def test_bench_adder_against_another_checkout_times_both_kernels_in_one_process(
     monkeypatch.setattr(sys, "argv", argv)
     runpy.run_path(str(REPO / "scripts" / "bench_adder.py"), run_name="__main__")
     lines = capsys.readouterr().out.splitlines()
-    assert "native fwd G/s | native other fwd | ratio | native grad_in G/s | native other grad_in | ratio" in lines[2]
+    heads = "native fwd G/s | native other fwd | ratio | native grad_in G/s | native other grad_in | ratio | "
+    assert heads + "native grad_in+w G/s | native other grad_in+w | ratio" in lines[2]
     rows = [line.split(" | ") for line in lines if line.startswith("| r20 ")]
-    assert len(rows) == 7 and all(float(r[4]) > 0 and float(r[7]) > 0 for r in rows)
+    assert len(rows) == 7 and all(float(r[4]) > 0 and float(r[7]) > 0 and float(r[10]) > 0 for r in rows)
     assert "ADDERNET_KERNEL_SOURCES" not in os.environ
     for argv, says in (
         (["--against", str(REPO), "--step-rounds", "0"], "--against compares the kernels (--kernels ISA) or the whole"),

@@ -19,7 +19,10 @@
  * to abs-sum / min-max: measured 8 -> 10 elements/cycle for the forward mix and 5.6 -> 8 for the input gradient's
  * (Zen 3 and Zen 4). Intel cores run adds on their FMA ports anyway, and there the FMA only costs a register copy (it
  * overwrites an operand; an add does not): a plain add of the negated operand is 1.02-1.14x faster on a Sapphire
- * Rapids-class Xeon (ResNet-20's layers). ADDERNET_SUB_ON_FMA (below) chooses; both forms give the same bits.
+ * Rapids-class Xeon (ResNet-20's layers). ADDERNET_SUB_ON_FMA (below) chooses; both forms give the same bits. The
+ * input-gradient tile that also sums the weight gradient's product term (gin_tile_w) puts 4 more FMAs per output
+ * channel on the FMA pipes, so it subtracts with a plain add on every core: on a Zen 3 its ResNet-20 layers ran
+ * 1.01-1.03x as fast in one run and 1.10-1.13x in another, and the compiler no longer spilled x to the stack.
  * Do not build with -ffast-math: on many GCC versions a -ffast-math shared object sets flush-to-zero for the whole
  * process when loaded. */
 #include <stdint.h>

@@ -286,7 +286,12 @@ static inline __attribute__((always_inline)) void FN(gin_tile_body)(const T *xb,
         const VEC wv = FN(ld)(wb + o * VL);
         const T *go = gt + o * gos; /* g[p, o] = go[p]: packed, or the tensor's pixels read in place */
 #pragma GCC unroll 32
-        for (int p = 0; p < GIN_P; p++) acc[p] += go[p] * VMIN(one, VMAX(mone, VSUBN(wv, nx[p], one_h)));
+        for (int p = 0; p < GIN_P; p++) {
+            /* with wgrad the product term's FMAs fill the FMA pipes, so w - x is a plain add there ("Port balance" in
+             * adder_cpu.c; both forms give the same bits) */
+            const VEC d = wgrad ? wv + nx[p] : VSUBN(wv, nx[p], one_h);
+            acc[p] += go[p] * VMIN(one, VMAX(mone, d));
+        }
         if (wgrad) { /* -sum_p g x, over the tile's pixels (a tail's missing pixels have g = 0) */
             VEC t = go[0] * nx[0];
 #pragma GCC unroll 32
