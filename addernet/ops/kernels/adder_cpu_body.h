@@ -292,11 +292,11 @@ static inline __attribute__((always_inline)) void FN(gin_tile_body)(const T *xb,
             const VEC d = wgrad ? wv + nx[p] : VSUBN(wv, nx[p], one_h);
             acc[p] += go[p] * VMIN(one, VMAX(mone, d));
         }
-        if (wgrad) { /* -sum_p g x, over the tile's pixels (a tail's missing pixels have g = 0) */
-            VEC t = go[0] * nx[0];
+        if (wgrad) { /* -sum_p g x, over the tile's pixels (a tail's missing pixels have g = 0), an FMA each */
+            VEC t = FN(ld)(dwb + o * VL);
 #pragma GCC unroll 32
-            for (int p = 1; p < GIN_P; p++) t += go[p] * nx[p];
-            FN(st)(dwb + o * VL, FN(ld)(dwb + o * VL) - t);
+            for (int p = 0; p < GIN_P; p++) t -= go[p] * nx[p];
+            FN(st)(dwb + o * VL, t);
         }
     }
     for (int64_t p = 0; p < n; p++) FN(st)(gb + off[p], FN(ld)(gb + off[p]) + acc[p]);
