@@ -10,7 +10,8 @@
  * "int8 conv" lines are what an int8 CNN's convolution runs (oneDNN): vpdpbusd with AVX-512 VNNI (64 u8 x s8
  * products accumulated into 32-bit lanes, one instruction), else vpmaddubsw, vpmaddwd, vpaddd; in
  * multiply-accumulates, the unit the "sad" lines compare with. The "gin + weight grad" line is the input
- * gradient's mix with the FMA that also sums g*x for the weight gradient (one more per term). */
+ * gradient's mix with the FMA that also sums g*x for the weight gradient (one more per term), with the subtraction
+ * as a plain add on every core, as that kernel tile issues it (adder_cpu.c). */
 #include <immintrin.h>
 #include <stdio.h>
 #include <time.h>
@@ -35,7 +36,7 @@ static double now(){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);
     RUN(W, K, LANES, "gin: fma(w,1,-x),max,min,fma",                                                       \
         F_(W, _fmadd_ps)(g, F_(W, _min_ps)(F_(W, _max_ps)(F_(W, _fmadd_ps)(w, one, x[k]), mo), one), acc[k])) \
     RUN(W, K, LANES, "gin + weight grad: +fma",                                                             \
-        F_(W, _fmadd_ps)(g, x[k], F_(W, _fmadd_ps)(g, F_(W, _min_ps)(F_(W, _max_ps)(F_(W, _fmadd_ps)(w, one, x[k]), mo), one), acc[k]))) \
+        F_(W, _fmadd_ps)(g, x[k], F_(W, _fmadd_ps)(g, F_(W, _min_ps)(F_(W, _max_ps)(F_(W, _sub_ps)(w, x[k]), mo), one), acc[k]))) \
     RUN(W, K, LANES, "conv: fma", F_(W, _fmadd_ps)(w, x[k], acc[k]))                                        \
     RUN(W, K, LANES, "add only", F_(W, _add_ps)(acc[k], x[k]))                                              \
     __m##W##i ia[K], ix[K], iw = F_(W, _set1_epi8)(3);                                                      \
