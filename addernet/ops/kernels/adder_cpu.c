@@ -22,7 +22,7 @@
  * Rapids-class Xeon (ResNet-20's layers). ADDERNET_SUB_ON_FMA (below) chooses; both forms give the same bits. The
  * input-gradient tile that also sums the weight gradient's product term (gin_tile_w) puts 4 more FMAs per output
  * channel on the FMA pipes, so it subtracts with a plain add on every core: on a Zen 3 its ResNet-20 layers ran
- * 1.01-1.03x as fast in one run and 1.10-1.13x in another, and the compiler no longer spilled x to the stack.
+ * 1.10-1.22x as fast in one run and 0.91-1.03x in another, and the compiler no longer spilled x to the stack.
  * Do not build with -ffast-math: on many GCC versions a -ffast-math shared object sets flush-to-zero for the whole
  * process when loaded. */
 #include <stdint.h>
@@ -91,7 +91,7 @@ static inline void transpose8_f(__m256 r[8]) {
 }
 
 /* dst[k * ds + p] = src[p * ss + k] for p, k < 8: the copies between NCHW images and channels-last scratch, a block
- * of 8 pixels x 8 channels at a time (elementwise, a 56x56 image of 256 channels took 40% of a 1x1 layer's forward). */
+ * of 8 pixels x 8 channels at a time (elementwise, a 56x56 image of 256 channels took about 45% of a 1x1 layer's forward kernel). */
 static inline void transpose_block_f(const float *src, int64_t ss, float *dst, int64_t ds) {
     __m256 r[8];
     for (int p = 0; p < 8; p++) r[p] = _mm256_loadu_ps(src + p * ss);
