@@ -55,9 +55,9 @@
 #define PLANES_CHANNELS 64
 #define PLANES_BYTES (256 * 1024)
 
-/* The input gradient reads a tile of g (GIN_P pixels x Og channels) in place, when its pixels are consecutive in memory,
- * only if the tile runs fewer than this many blocks of the weight; else it packs the tile first, into one dense block
- * that stays in L1 for all of them: in place it is a cache line per channel, 4 KiB apart in 32x32 planes (L1's set
+/* The input gradient reads a tile of g (GIN_P pixels x Og channels) in place, when its pixels are consecutive in
+ * memory, only if the tile runs fewer than this many blocks of the weight; else it packs the tile first, into one dense
+ * block that stays in L1 for all of them: in place it is a cache line per channel, 4 KiB apart in 32x32 planes (L1's set
  * stride). Packed, the input gradient of ResNet-20's 16->16 and 32->32 layers ran 1.05-1.20x and 1.07-1.10x as fast
  * (two runs), and 1x1 layers of 2 and 4 blocks 0.77x and 0.92x (Zen 3, AVX2). */
 #define GIN_DIRECT_BLOCKS 8
@@ -69,7 +69,7 @@
 #define CAT(a, b) CAT_(a, b)
 #define FN(name) CAT(name, SUF)
 
-#if ISA_AVX2
+#if ISA_AVX2 /* the float kernels' NCHW stores and copies, in 256-bit registers (AVX-512 builds too) */
 #define STORE_RUNS_F 1
 /* r[k][p] = r[p][k]: an 8x8 block of floats transposed in registers. */
 static inline void transpose8_f(__m256 r[8]) {
@@ -91,7 +91,8 @@ static inline void transpose8_f(__m256 r[8]) {
 }
 
 /* dst[k * ds + p] = src[p * ss + k] for p, k < 8: the copies between NCHW images and channels-last scratch, a block
- * of 8 pixels x 8 channels at a time (elementwise, a 56x56 image of 256 channels took about 45% of a 1x1 layer's forward kernel). */
+ * of 8 pixels x 8 channels at a time (elementwise, a 56x56 image of 256 channels took about 45% of a 1x1 layer's
+ * forward kernel). */
 static inline void transpose_block_f(const float *src, int64_t ss, float *dst, int64_t ds) {
     __m256 r[8];
     for (int p = 0; p < 8; p++) r[p] = _mm256_loadu_ps(src + p * ss);
@@ -120,8 +121,8 @@ static inline void store_first_f(float *p, __m256 v, int m) {
 }
 
 /* The forward's NCHW store for float: an 8-pixel x VL-channel block of a tile transposed in registers into runs of
- * pixels, one vector store per channel (masked with AVX-512, in plain parts with AVX2), in place of VL * 8 element stores; the pixels are consecutive in y
- * (an NCHW output whose planes are contiguous). rows[p] points at pixel p's channels; m <= 8 pixels and the first
+ * pixels, one vector store per channel (masked with AVX-512, in plain parts with AVX2), in place of VL * 8 element
+ * stores; the pixels are consecutive in y (an NCHW output whose planes are contiguous). rows[p] points at pixel p's channels; m <= 8 pixels and the first
  * nc <= VL channels are stored at y + c * cstride. Only a copy: the stored values are those of the element loop. */
 #if ISA_AVX512
 static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, int m, int nc) {

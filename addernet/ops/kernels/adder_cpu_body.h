@@ -292,7 +292,7 @@ static inline __attribute__((always_inline)) void FN(gin_tile_body)(const T *xb,
             const VEC d = wgrad ? wv + nx[p] : VSUBN(wv, nx[p], one_h);
             acc[p] += go[p] * VMIN(one, VMAX(mone, d));
         }
-        if (wgrad) { /* -sum_p g x, over the tile's pixels (a tail's missing pixels have g = 0), an FMA each */
+        if (wgrad) { /* dw += sum_p g x over the tile's pixels (a tail's missing pixels have g = 0), an FMA each */
             VEC t = FN(ld)(dwb + o * VL);
 #pragma GCC unroll 32
             for (int p = 0; p < GIN_P; p++) t -= go[p] * nx[p];
@@ -316,8 +316,9 @@ static __attribute__((noinline)) void FN(gin_tile_w)(const T *xb, T *gb, const i
  * parallel). w2 is the weight packed [G][kh][kw][Cgp/VL][Og][VL] (zero channel padding), so a tile
  * streams one contiguous block of it; g and gx are read / written through strides gs / gxs. A tile
  * of GIN_P consecutive output pixels of g (pixel stride 1: an NCHW row) that runs fewer than GIN_DIRECT_BLOCKS blocks
- * of the weight is read in place, any other packed first. With dw (not NULL), sum g x over these images and groups is added into slot `slot` of dw, slots of
- * G*kh*kw*Cgp*Og elements laid out as w2 (one slot per range: ranges run in parallel). Returns 0, or 1 when
+ * of the weight is read in place, any other packed first. With dw (not NULL), sum g x over these images and groups is
+ * added into slot `slot` of dw, slots of G*kh*kw*Cgp*Og elements laid out as w2 (one slot per range: ranges run in
+ * parallel). Returns 0, or 1 when
  * scratch memory cannot be allocated. */
 int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
                          const int64_t *gs, T *gx, const int64_t *gxs, const adder_geometry *s, T *dw,
