@@ -272,44 +272,50 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
  * second operand of both max and min, so a NaN in x or w stays NaN (HardTanh(NaN) = NaN), at no cost.
  * With wgrad, the same operands also give the weight gradient's product term: dw[o, c] += sum_p g[p, o] x[p, c]
  * (one FMA per term more, in place of a separate convolution weight-gradient pass over x and g). */
-static inline __attribute__((always_inline)) void FN(gin_tile_body)(const T *xb, T *gb, const int64_t *off, int64_t n,
-                                                                   const T *wb, const T *gt, int64_t gos, int64_t Og,
-                                                                   T *dwb, const int wgrad) {
-    VEC nx[GIN_P], acc[GIN_P];
+static inline __attribute__((always_inline)) void FN(gin_tile_body)(const T *x0, T *g0, const int64_t *off, int64_t n,
+                                                                   const T *w0, const T *gt, int64_t gos, int64_t Og,
+                                                                   T *dw0, const int64_t *boff, int64_t nb,
+                                                                   const int wgrad) {
     const VEC one = (VEC){0} + 1, mone = (VEC){0} - 1, one_h = FN(opaque_one)();
-#pragma GCC unroll 32
-    for (int p = 0; p < GIN_P; p++) {
-        nx[p] = -FN(ld)(xb + off[p]);
-        acc[p] = (VEC){0};
-    }
-    for (int64_t o = 0; o < Og; o++) {
-        const VEC wv = FN(ld)(wb + o * VL);
-        const T *go = gt + o * gos; /* g[p, o] = go[p]: packed, or the tensor's pixels read in place */
+    for (int64_t b = 0; b < nb; b++) { /* weight block b (Og*VL elements), at offset boff[b] of the images */
+        const T *xb = x0 + boff[b], *wb = w0 + b * Og * VL;
+        T *gb = g0 + boff[b], *dwb = wgrad ? dw0 + b * Og * VL : NULL;
+        VEC nx[GIN_P], acc[GIN_P];
 #pragma GCC unroll 32
         for (int p = 0; p < GIN_P; p++) {
-            /* with wgrad the product term's FMAs fill the FMA pipes, so w - x is a plain add there ("Port balance" in
-             * adder_cpu.c; both forms give the same bits) */
-            const VEC d = wgrad ? wv + nx[p] : VSUBN(wv, nx[p], one_h);
-            acc[p] += go[p] * VMIN(one, VMAX(mone, d));
+            nx[p] = -FN(ld)(xb + off[p]);
+            acc[p] = (VEC){0};
         }
-        if (wgrad) { /* dw += sum_p g x over the tile's pixels (a tail's missing pixels have g = 0), an FMA each */
-            VEC t = FN(ld)(dwb + o * VL);
+        for (int64_t o = 0; o < Og; o++) {
+            const VEC wv = FN(ld)(wb + o * VL);
+            const T *go = gt + o * gos; /* g[p, o] = go[p]: packed, or the tensor's pixels read in place */
 #pragma GCC unroll 32
-            for (int p = 0; p < GIN_P; p++) t -= go[p] * nx[p];
-            FN(st)(dwb + o * VL, t);
+            for (int p = 0; p < GIN_P; p++) {
+                /* with wgrad the product term's FMAs fill the FMA pipes, so w - x is a plain add there ("Port balance"
+                 * in adder_cpu.c; both forms give the same bits) */
+                const VEC d = wgrad ? wv + nx[p] : VSUBN(wv, nx[p], one_h);
+                acc[p] += go[p] * VMIN(one, VMAX(mone, d));
+            }
+            if (wgrad) { /* dw += sum_p g x over the tile's pixels (a tail's missing pixels have g = 0), an FMA each */
+                VEC t = FN(ld)(dwb + o * VL);
+#pragma GCC unroll 32
+                for (int p = 0; p < GIN_P; p++) t -= go[p] * nx[p];
+                FN(st)(dwb + o * VL, t);
+            }
         }
+        for (int64_t p = 0; p < n; p++) FN(st)(gb + off[p], FN(ld)(gb + off[p]) + acc[p]);
     }
-    for (int64_t p = 0; p < n; p++) FN(st)(gb + off[p], FN(ld)(gb + off[p]) + acc[p]);
 }
 
-static void FN(gin_tile)(const T *xb, T *gb, const int64_t *off, int64_t n, const T *wb, const T *gt, int64_t gos,
-                         int64_t Og) {
-    FN(gin_tile_body)(xb, gb, off, n, wb, gt, gos, Og, NULL, 0);
+static void FN(gin_tile)(const T *x0, T *g0, const int64_t *off, int64_t n, const T *w0, const T *gt, int64_t gos,
+                         int64_t Og, const int64_t *boff, int64_t nb) {
+    FN(gin_tile_body)(x0, g0, off, n, w0, gt, gos, Og, NULL, boff, nb, 0);
 }
 
-static __attribute__((noinline)) void FN(gin_tile_w)(const T *xb, T *gb, const int64_t *off, int64_t n, const T *wb,
-                                                     const T *gt, int64_t gos, int64_t Og, T *dwb) {
-    FN(gin_tile_body)(xb, gb, off, n, wb, gt, gos, Og, dwb, 1);
+static __attribute__((noinline)) void FN(gin_tile_w)(const T *x0, T *g0, const int64_t *off, int64_t n, const T *w0,
+                                                     const T *gt, int64_t gos, int64_t Og, T *dw0,
+                                                     const int64_t *boff, int64_t nb) {
+    FN(gin_tile_body)(x0, g0, off, n, w0, gt, gos, Og, dw0, boff, nb, 1);
 }
 
 /* gx[n0:n1, groups g0:g1] = input gradient (groups own disjoint channels, so group ranges may run in
@@ -318,8 +324,8 @@ static __attribute__((noinline)) void FN(gin_tile_w)(const T *xb, T *gb, const i
  * of GIN_P consecutive output pixels of g (pixel stride 1: an NCHW row) that runs fewer than GIN_DIRECT_BLOCKS blocks
  * of the weight is read in place, any other packed first. With dw (not NULL), sum g x over these images and groups is
  * added into slot `slot` of dw, slots of G*kh*kw*Cgp*Og elements laid out as w2 (one slot per range: ranges run in
- * parallel). Returns 0, or 1 when
- * scratch memory cannot be allocated. */
+ * parallel). A tile runs every block of the weight in one call. Returns 0, or 1 when scratch memory cannot be
+ * allocated. */
 int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
                          const int64_t *gs, T *gx, const int64_t *gxs, const adder_geometry *s, T *dw,
                          int64_t n0, int64_t n1, int64_t g0, int64_t g1, int64_t slot) {
@@ -331,7 +337,11 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
     const int xin = FN(is_scratch)(xs, s), gin = FN(is_scratch)(gxs, s); /* x read, gx written in place */
     T *buf = malloc(sizeof(T) * ((xin ? 0 : img) + (gin ? 0 : img) + (size_t)(Og * GIN_P)) + 64);
     int64_t *xo = FN(pixel_offsets)(s, Wp * Ct, Ct, gs, GIN_P);
-    if (!buf || !xo) { free(buf); free(xo); return 1; }
+    const int64_t nb = kh * kw * (Cgp / VL); /* the weight's blocks [kh][kw][Cgp/VL], each Og*VL elements */
+    int64_t *boff = malloc(sizeof(int64_t) * (size_t)nb);
+    if (!buf || !xo || !boff) { free(buf); free(xo); free(boff); return 1; }
+    for (int64_t b = 0; b < nb; b++) /* a block's offset into the scratch images: tap (i, j), channels cv.. */
+        boff[b] = b / (kw * (Cgp / VL)) * di + b / (Cgp / VL) % kw * dj + b % (Cgp / VL) * VL;
     const int64_t *go = xo + L + GIN_P;
     T *gbuf = buf + (xin ? 0 : img), *gt = gbuf + (gin ? 0 : img);
     for (int64_t n = n0; n < n1; n++) {
@@ -345,22 +355,17 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
             T *dwg = dw ? dw + (slot * G + gr) * Og * wo : NULL;
             for (int64_t q = 0; q < L; q += GIN_P) {
                 const int64_t m = L - q < GIN_P ? L - q : GIN_P;
-                int direct = m == GIN_P && kh * kw * Cgp < GIN_DIRECT_BLOCKS * VL;
+                int direct = m == GIN_P && nb < GIN_DIRECT_BLOCKS;
                 for (int p = 1; p < GIN_P; p++) direct &= go[q + p] == go[q] + p;
                 const T *gtile = direct ? gg + go[q] : gt;
                 const int64_t gos = direct ? gs[1] : GIN_P;
                 if (!direct)
                     for (int64_t o = 0; o < Og; o++) /* pack g[tile, o]; zero past the tail */
                         for (int p = 0; p < GIN_P; p++) gt[o * GIN_P + p] = p < m ? gg[o * gs[1] + go[q + p]] : 0;
-                for (int64_t i = 0; i < kh; i++)
-                    for (int64_t j = 0; j < kw; j++)
-                        for (int64_t cv = 0; cv < Cgp; cv += VL) {
-                            const int64_t base = gr * Cgp + i * di + j * dj + cv, wk = ((i * kw + j) * Cgp + cv) * Og;
-                            if (dwg)
-                                FN(gin_tile_w)(xi + base, gi + base, xo + q, m, wgr + wk, gtile, gos, Og, dwg + wk);
-                            else
-                                FN(gin_tile)(xi + base, gi + base, xo + q, m, wgr + wk, gtile, gos, Og);
-                        }
+                if (dwg)
+                    FN(gin_tile_w)(xi + gr * Cgp, gi + gr * Cgp, xo + q, m, wgr, gtile, gos, Og, dwg, boff, nb);
+                else
+                    FN(gin_tile)(xi + gr * Cgp, gi + gr * Cgp, xo + q, m, wgr, gtile, gos, Og, boff, nb);
             }
         }
         for (int64_t h = 0; h < H * !gin; h++) /* copy the interior out, blocked as in pad_image */
@@ -384,6 +389,7 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
                 }
             }
     }
+    free(boff);
     free(xo);
     free(buf);
     return 0;
