@@ -56,9 +56,9 @@
 #define PLANES_BYTES (256 * 1024)
 
 /* The input gradient reads a tile of g (GIN_P pixels x Og channels) in place, when its pixels are consecutive in
- * memory, only if the tile runs fewer than this many blocks of the weight; else it packs the tile first, into one dense
- * block that stays in L1 for all of them: in place it is a cache line per channel, 4 KiB apart in 32x32 planes (L1's set
- * stride). Packed, the input gradient of ResNet-20's 16->16 and 32->32 layers ran 1.05-1.20x and 1.07-1.10x as fast
+ * memory, only if the tile runs fewer than this many blocks of the weight; else it packs the tile first, into one
+ * dense block that stays in L1 for all of them: in place it is a cache line per channel, 4 KiB apart in 32x32 planes
+ * (L1's set stride). Packed, the input gradient of ResNet-20's 16->16 and 32->32 layers ran 1.05-1.20x and 1.07-1.10x as fast
  * (two runs), and 1x1 layers of 2 and 4 blocks 0.77x and 0.92x (Zen 3, AVX2). */
 #define GIN_DIRECT_BLOCKS 8
 
@@ -122,8 +122,9 @@ static inline void store_first_f(float *p, __m256 v, int m) {
 
 /* The forward's NCHW store for float: an 8-pixel x VL-channel block of a tile transposed in registers into runs of
  * pixels, one vector store per channel (masked with AVX-512, in plain parts with AVX2), in place of VL * 8 element
- * stores; the pixels are consecutive in y (an NCHW output whose planes are contiguous). rows[p] points at pixel p's channels; m <= 8 pixels and the first
- * nc <= VL channels are stored at y + c * cstride. Only a copy: the stored values are those of the element loop. */
+ * stores; the pixels are consecutive in y (an NCHW output whose planes are contiguous). rows[p] points at pixel p's
+ * channels; m <= 8 pixels and the first nc <= VL channels are stored at y + c * cstride. Only a copy: the stored
+ * values are those of the element loop. */
 #if ISA_AVX512
 static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, int m, int nc) {
     __m512 r[8], t[8], u[8];
