@@ -58,8 +58,8 @@
 /* The input gradient reads a tile of g (GIN_P pixels x Og channels) in place, when its pixels are consecutive in
  * memory, only if the tile runs fewer than this many blocks of the weight; else it packs the tile first, into one
  * dense block that stays in L1 for all of them: in place it is a cache line per channel, 4 KiB apart in 32x32 planes
- * (L1's set stride). Packed, the input gradient of ResNet-20's 16->16 and 32->32 layers ran 1.05-1.20x and 1.07-1.10x as fast
- * (two runs), and 1x1 layers of 2 and 4 blocks 0.77x and 0.92x (Zen 3, AVX2). */
+ * (L1's set stride). Packed, the input gradient of ResNet-20's 16->16 and 32->32 layers ran 1.05-1.20x and
+ * 1.07-1.10x as fast (two runs), and 1x1 layers of 2 and 4 blocks 0.77x and 0.92x (Zen 3, AVX2). */
 #define GIN_DIRECT_BLOCKS 8
 
 /* Channels summed in registers before the partial sum is added to the running total. */
