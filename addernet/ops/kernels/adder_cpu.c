@@ -156,7 +156,7 @@ static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, 
     __m256 r[8];
     for (int p = 0; p < 8; p++) r[p] = _mm256_xor_ps(_mm256_loadu_ps(rows[p]), _mm256_set1_ps(-0.0f));
     transpose8_f(r);
-    for (int k = 0; k < nc && k < 8; k++) store_first_f(y + k * cstride, r[k], m);
+    for (int k = 0; k < nc; k++) store_first_f(y + k * cstride, r[k], m); /* nc <= VL = 8 */
 }
 #endif
 #endif
