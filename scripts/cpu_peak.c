@@ -2,7 +2,7 @@
  * (F/BW/DQ) when built for a CPU that has it. Measures the clock with a chain of dependent integer adds
  * (1 cycle each) and, in thread CPU time, each mix over independent accumulators held in registers (6
  * for AVX2's 16 registers, 12 for AVX-512's 32); the kernels' throughput in docs/benchmarks.md is quoted
- * as a fraction of these. Build and run:
+ * as a fraction of these; the "store" lines time the forward's stores of short NCHW runs (AVX2). Build and run:
  *     cc -O3 -march=native scripts/cpu_peak.c -o /tmp/cpu_peak && /tmp/cpu_peak
  * (6 chains cap the AVX2 fma-only line at 12 of the 16 lanes/cycle two FMA pipes give; 12 chains do not).
  * The "sad" lines are the integer kernel's inner step (adder_int.c): vpsadbw (32 or 64 absolute byte
@@ -86,11 +86,36 @@ static double now(){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);
     printf("%-28s %6.2f G elem/s = %.2f elem/cycle (%g)\n", label, N / dt / 1e9, N / dt / 1e9 / ghz, s);    \
   }
 
+/* The forward's NCHW store of a run shorter than 8 lanes (adder_cpu.c): AVX2's masked store (vmaskmovps, 6 of 8
+ * lanes), its plain parts of 4 and 2 lanes, and a plain 8-lane store, in cycles per store, over 128 rows of 64 bytes. */
+static float rows[128 * 16] __attribute__((aligned(64)));
+#define STORE_TIMED(label, body)                                                                           \
+  {                                                                                                         \
+    double ts = now();                                                                                      \
+    for (long i = 0; i < N / 4; i++) {                                                                      \
+      float *p = rows + (i & 127) * 16;                                                                     \
+      body;                                                                                                 \
+      __asm__ volatile("" : : "x"(v8) : "memory");                                                          \
+    }                                                                                                       \
+    printf("%-28s %6.2f cycles per store\n", label, (now() - ts) / (N / 4) * 1e9 * ghz);                    \
+  }
+#define STORES()                                                                                            \
+  do {                                                                                                      \
+    const __m256 v8 = _mm256_set1_ps(1.f);                                                                  \
+    const __m256i m6 = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);                                     \
+    STORE_TIMED("store: vmaskmovps, 6 lanes", _mm256_maskstore_ps(p, m6, v8))                               \
+    STORE_TIMED("store: plain 4 + 2 lanes",                                                                 \
+                (_mm_storeu_ps(p, _mm256_castps256_ps128(v8)),                                              \
+                 _mm_storel_pi((__m64 *)(p + 4), _mm256_extractf128_ps(v8, 1))))                            \
+    STORE_TIMED("store: plain 8 lanes", _mm256_storeu_ps(p, v8))                                            \
+  } while (0)
+
 int main(){
   long v=0; double t=now();
   for(long i=0;i<N;i+=8) __asm__ volatile("add $1,%0\n\tadd $1,%0\n\tadd $1,%0\n\tadd $1,%0\n\tadd $1,%0\n\tadd $1,%0\n\tadd $1,%0\n\tadd $1,%0":"+r"(v));
   double dt=now()-t; double ghz=N/dt/1e9; printf("integer add chain (1 cycle each): %.2f GHz\n", ghz);
   MIXES(256, 6, 8);
+  STORES();
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
   MIXES(512, 12, 16);
 #endif

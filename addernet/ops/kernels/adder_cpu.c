@@ -101,8 +101,8 @@ static inline void transpose_block_f(const float *src, int64_t ss, float *dst, i
 }
 
 /* The first m <= 8 lanes of v at p, in plain stores of 8, 4, 2 and 1 lanes: AVX2's masked store (vmaskmovps) is
- * microcoded on AMD Zen cores, 11 cycles each on a Zen 3 against 1 for a plain store, which made the stores of
- * ResNet-20's 1x1 layers cost more than their arithmetic. */
+ * microcoded on AMD Zen cores, 13 cycles each on a Zen 3 against 2 for the plain parts (scripts/cpu_peak.c), which
+ * made the stores of ResNet-20's 1x1 layers cost more than their arithmetic. */
 static inline void store_first_f(float *p, __m256 v, int m) {
     if (m == 8) {
         _mm256_storeu_ps(p, v);
