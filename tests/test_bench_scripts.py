@@ -226,3 +226,35 @@ def test_bench_adder_against_another_checkout_times_the_whole_step_in_one_proces
         assert [r[0] for r in ratios] == ["this/other", "this/twin", "other/twin"], line
         assert all(0 < float(lo) <= float(mid) <= float(hi) for _, mid, lo, hi in ratios), line
     assert "ADDERNET_KERNEL_SOURCES" not in os.environ
+
+
+def test_bench_adder_times_layers_with_the_default_allocator_and_measures_memory_apart(monkeypatch, capsys, tmp_path):
+    """The layer table's times come from this process with glibc's default allocator (as training runs): the mmap
+    threshold that makes RSS track live memory is pinned only in the fresh process that measures the memory column."""
+    import ctypes
+
+    calls = []
+
+    class Libc:  # records mallopt in this process; everything else is the real library
+        def __init__(self, name, *a, **k):
+            self.lib = real(name, *a, **k)
+
+        def __getattr__(self, attr):
+            if attr == "mallopt":
+                return lambda *args: calls.append(args) or 1
+            return getattr(self.lib, attr)
+
+    real = ctypes.CDLL
+    monkeypatch.setattr(ctypes, "CDLL", Libc)
+    out = tmp_path / "layers.json"
+    argv = ["bench_adder.py", "--quick", "--repeats", "1", "--step-rounds", "0", "--train-rounds", "0"]
+    monkeypatch.setattr(sys, "argv", argv + ["--ref-limit-gb", "0", "--threads", "1", "--json", str(out)])
+    runpy.run_path(str(REPO / "scripts" / "bench_adder.py"), run_name="__main__")
+    capsys.readouterr()
+    result = json.loads(out.read_text())
+    assert calls == [] and result["meta"]["memory_measured"]
+    rows = result["rows"]
+    assert [r["shape"] for r in rows] == ["r20 16->16 32x32", "r20 64->64 8x8", "r20 1x1 16->32 s2"]
+    for r in rows:  # the layer's output (batch x out x pixels floats) is a lower bound of either side's peak
+        out_mb = r["batch"] * r["out"] * (r["size"] // r["stride"]) ** 2 * 4 / 2**20
+        assert r["fast_peak_mb"] >= out_mb and r["conv_peak_mb"] >= out_mb and r["fast_ms"] > 0, r
