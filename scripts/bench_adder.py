@@ -14,7 +14,7 @@ Peak memory is the rise of the process's peak resident set (VmHWM, reset through
 back to the OS; it counts everything (PyTorch tensors, kernel scratch, library workspaces). It is measured in a
 fresh process of its own: the times are taken with glibc's default allocator, as training runs. Pinned, every large
 allocation is a fresh mapping whose pages fault in on first touch, and that slowed nn.Conv2d more than Adder2d
-(1.1-1.6x against 1.0-1.2x on ResNet-20's layers), flattering the fast/conv column.
+(1.6-4.2x against 1.1-1.7x on ResNet-20's layers, AMD EPYC Zen 3), flattering the fast/conv column.
 
 The whole-step section times one ResNet-20 training step (forward, backward, adaptive LR, SGD)
 of the AdderNet and its CNN twin at batch 64 and 128, each measurement in a fresh subprocess (a
