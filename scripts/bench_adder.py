@@ -127,27 +127,30 @@ def _peak_mb(method, layer, x, g):
 
 
 def _layer_case(shape, ref_limit_gb):
-    """The methods timed for one shape, their layers, an input and an output gradient."""
+    """The methods timed for one shape, their layers, an input, an output gradient and the reference's estimated
+    peak (GB)."""
     name, n, cin, cout, size, k, s, p = shape
     torch.manual_seed(0)
     x = torch.randn(n, cin, size, size, requires_grad=True)
-    methods = ["fast", "conv"] + (["reference"] if ref_estimate_gb(n, cin, cout, size, k, s, p) <= ref_limit_gb else [])
+    ref_gb = ref_estimate_gb(n, cin, cout, size, k, s, p)
+    methods = ["fast", "conv"] + (["reference"] if ref_gb <= ref_limit_gb else [])
     layers = {m: _make(m, cin, cout, k, s, p) for m in methods}
     with torch.no_grad():
         g = torch.randn_like(layers["conv"](x))
-    return methods, layers, x, g
+    return methods, layers, x, g, ref_gb
 
 
 def peak_memory(shapes, ref_limit_gb):
-    """{shape name: {method: peak MiB}} with glibc's mmap threshold pinned: run in a fresh process (memory_child)."""
+    """{"pinned": whether glibc's mmap threshold could be pinned, "mb": {shape name: {method: peak MiB}}}: run in a
+    fresh process (memory_child)."""
     pinned = _pin_malloc()
     out = {}
     for shape in shapes:
-        methods, layers, x, g = _layer_case(shape, ref_limit_gb)
+        methods, layers, x, g, _ = _layer_case(shape, ref_limit_gb)
         for m in methods:  # the first step builds the kernels and sizes the library workspaces
             _step(m, layers[m], x, g)
-        out[shape[0]] = {m: _peak_mb(m, layers[m], x, g) if pinned else None for m in methods}
-    return out
+        out[shape[0]] = {m: _peak_mb(m, layers[m], x, g) for m in methods}
+    return {"pinned": pinned, "mb": out}
 
 
 def memory_child(quick, ref_limit_gb, threads):
@@ -164,8 +167,7 @@ def bench(shapes, repeats, ref_limit_gb, ref_repeats, memory):
     rows = []
     for shape in shapes:
         name, n, cin, cout, size, k, s, p = shape
-        methods, layers, x, g = _layer_case(shape, ref_limit_gb)
-        ref_gb = ref_estimate_gb(n, cin, cout, size, k, s, p)
+        methods, layers, x, g, ref_gb = _layer_case(shape, ref_limit_gb)
         times = {m: [] for m in methods}
         cpu = {m: [] for m in methods}
         for m in methods:  # warm-up (and kernel build)
@@ -198,8 +200,7 @@ def bench(shapes, repeats, ref_limit_gb, ref_repeats, memory):
             row[f"{m}_peak_mb"] = memory[name][m]
         row["fast_over_conv"] = row["fast_ms"] / row["conv_ms"]
         row["fast_over_conv_cpu"] = row["fast_cpu_ms"] / row["conv_cpu_ms"]
-        mem = (row["fast_peak_mb"], row["conv_peak_mb"])
-        row["fast_over_conv_mem"] = mem[0] / max(mem[1], 1e-9) if None not in mem else None
+        row["fast_over_conv_mem"] = row["fast_peak_mb"] / max(row["conv_peak_mb"], 1e-9)
         row["reference_over_fast"] = row["reference_ms"] / row["fast_ms"] if "reference_ms" in row else None
         rows.append(row)
         print(_format_row(row), flush=True)
@@ -504,13 +505,13 @@ def main():
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
         "repeats": repeats,
-        "memory_measured": memory is not None and all(v is not None for d in memory.values() for v in d.values()),
+        "memory_measured": memory is not None and memory["pinned"],  # with RSS tracking live memory
         "load_before": os.getloadavg(),
     }
     print(f"# {meta['date']}  torch {meta['torch']}  repeats {repeats}  {build.machine(meta['threads'])}")
     print("# times: median fwd+bwd wall ms (± half the interquartile range); memory: peak RSS rise, MiB")
     print(HEADER)
-    rows = [] if args.no_layers else bench(shapes, repeats, args.ref_limit_gb, min(args.ref_repeats, repeats), memory)
+    rows = [] if args.no_layers else bench(shapes, repeats, args.ref_limit_gb, min(args.ref_repeats, repeats), memory["mb"])
     summaries = []
     for batch in args.step_batches if args.step_rounds else ():
         for r in step_ratio(batch, args.step_rounds, 5 if args.quick else 10, args.threads, args.channels_last):
