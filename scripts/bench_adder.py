@@ -511,7 +511,8 @@ def main():
     print(f"# {meta['date']}  torch {meta['torch']}  repeats {repeats}  {build.machine(meta['threads'])}")
     print("# times: median fwd+bwd wall ms (± half the interquartile range); memory: peak RSS rise, MiB")
     print(HEADER)
-    rows = [] if args.no_layers else bench(shapes, repeats, args.ref_limit_gb, min(args.ref_repeats, repeats), memory["mb"])
+    ref_repeats = min(args.ref_repeats, repeats)
+    rows = [] if args.no_layers else bench(shapes, repeats, args.ref_limit_gb, ref_repeats, memory["mb"])
     summaries = []
     for batch in args.step_batches if args.step_rounds else ():
         for r in step_ratio(batch, args.step_rounds, 5 if args.quick else 10, args.threads, args.channels_last):
