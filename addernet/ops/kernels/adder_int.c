@@ -25,6 +25,7 @@
 #include <omp.h>
 #else
 static int omp_get_thread_num(void) { return 0; }
+static int omp_get_num_threads(void) { return 1; }
 #endif
 
 #include "geometry.h"
@@ -405,11 +406,12 @@ int adder_intnet_forward(const intnet_op *ops, int64_t n_ops, int bytes, const f
             bufs[0] = (void *)(x + n * x_stride);
             bufs[1] = out + n * out_stride;
             for (int64_t b = 2; b < n_bufs; b++) bufs[b] = ws + buf_off[b];
-            for (int64_t i = 0; i < n_ops; i++) {
+            for (int64_t i = 0; i < n_ops; i++) { /* each thread one run of whole tiles: one call, one setup */
                 const int64_t L = op_pixels(&ops[i]), n_tiles = (L + PT - 1) / PT;
-#pragma omp for schedule(static)
-                for (int64_t k = 0; k < n_tiles; k++)
-                    run_op(&ops[i], bufs, k * PT, (k + 1) * PT < L ? (k + 1) * PT : L, rows, bytes);
+                const int64_t me = omp_get_thread_num(), all = omp_get_num_threads();
+                const int64_t k0 = n_tiles * me / all, k1 = n_tiles * (me + 1) / all;
+                if (k0 < k1) run_op(&ops[i], bufs, k0 * PT, k1 * PT < L ? k1 * PT : L, rows, bytes);
+#pragma omp barrier
             }
         }
     }
