@@ -57,6 +57,16 @@ static inline void copy_bytes(void *dst, const void *src, size_t n) {
     for (; k < n; k++) d[k] = p[k];
 }
 
+/* memset for the short zero tail of a gathered row: 16-byte stores instead of a libc call per pixel. */
+static inline void zero_bytes(void *dst, size_t n) {
+    uint8_t *d = dst;
+    size_t k = 0;
+#if ISA_SSE2
+    for (; k + 16 <= n; k += 16) _mm_storeu_si128((__m128i *)(d + k), _mm_setzero_si128());
+#endif
+    for (; k < n; k++) d[k] = 0;
+}
+
 /* Zero-padded channels-last copy of one NCHW image: buf[(h+ph)*Wp + w + pw][c] = x[c][h][w]. */
 #define PAD_IMAGE(T)                                                                                 \
     static void pad_image_##T(const T *x, const adder_geometry *s, T *buf) {                         \

@@ -10,7 +10,7 @@ static void CAT(gather_hwc_, SUF)(const T *x, int64_t kh, int64_t R, int64_t rs,
         const T *src = x + at[t];
         T *r = rows + t * Kp;
         for (int64_t i = 0; i < kh; i++, r += R) copy_bytes(r, src + i * rs, sizeof(T) * (size_t)R);
-        memset(r, 0, sizeof(T) * (size_t)(Kp - kh * R));
+        zero_bytes(r, sizeof(T) * (size_t)(Kp - kh * R));
     }
 }
 
