@@ -78,7 +78,7 @@ from addernet.errors import reported
 from addernet.models import build_model
 from addernet.ops.adder2d import grad_weight
 from addernet.ops.kernels import build, cpu
-from addernet.tools.bench import busy, ratio_summary, ref_estimate_gb
+from addernet.tools.bench import busy, kernel_sources, ratio_summary, ref_estimate_gb, set_env
 
 ROOT = Path(__file__).resolve().parents[1]
 # (name, batch, in, out, size, kernel, stride, padding): every ResNet-20 shape at batch 64, five ResNet-50 at 8
@@ -215,7 +215,7 @@ def kernel_throughput(shapes, isas, repeats, against=None):
     torch.set_num_threads(1)
     sources = {"": None}
     if against:
-        sources["other"] = _kernel_sources(against)
+        sources["other"] = kernel_sources(against)
         print(f"# other: the kernels of {sources['other']}; ratio: this tree's rate / the other's, per round")
     print(f"# float kernels, float32, 1 thread, thread CPU time, median (min-max) of {repeats} | {build.machine(1)}")
     heads = []
@@ -241,12 +241,12 @@ def kernel_throughput(shapes, isas, repeats, against=None):
                 os.environ["ADDERNET_CPU_ISA"] = i
                 for c, fn in calls.items():
                     for v, src in sorted(sources.items(), reverse=r % 2 == 0):  # A B, then B A
-                        _set_env("ADDERNET_KERNEL_SOURCES", src)
+                        set_env("ADDERNET_KERNEL_SOURCES", src)
                         t = time.thread_time()
                         fn()
                         if r:
                             rates[i, c, v].append(work / (time.thread_time() - t))
-                    _set_env("ADDERNET_KERNEL_SOURCES", None)
+                    set_env("ADDERNET_KERNEL_SOURCES", None)
             t = time.thread_time()
             grad_weight(x, w, g, *conf)
             if r:
@@ -261,19 +261,6 @@ def kernel_throughput(shapes, isas, repeats, against=None):
         print(f"| {name} | {n} | " + " | ".join(cells + [_median_range(rates["wgrad"])]) + " |", flush=True)
     os.environ.pop("ADDERNET_CPU_ISA")
     print(f"# after: {build.machine(1)}")
-
-
-def _kernel_sources(checkout):
-    """The C kernels' folder of another checkout, for ADDERNET_KERNEL_SOURCES."""
-    return str(Path(checkout).resolve() / "addernet" / "ops" / "kernels")
-
-
-def _set_env(name, value):
-    """os.environ[name] = value, or unset for None."""
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
 
 
 def _median_range(v):
@@ -320,13 +307,13 @@ def step_against(batch, rounds, repeats, against):
     """Whole-step wall ms, in this one process, of the AdderNet with this tree's C kernels, with another checkout's
     (ADDERNET_KERNEL_SOURCES: the Python is this tree's) and of the CNN twin, in turn (the order reversed every other
     round), each the median of `repeats` steps after one warm-up step. Prints them and the per-round ratios."""
-    other = _kernel_sources(against)
+    other = kernel_sources(against)
     sides = {"this": ("adder", None), "other": ("adder", other), "twin": ("conv", None)}
     steps = {name: _training_step(layer, batch) for name, (layer, _) in sides.items()}
     ms = {name: [] for name in sides}
     for r in range(rounds):
         for name in list(sides) if r % 2 == 0 else list(sides)[::-1]:
-            _set_env("ADDERNET_KERNEL_SOURCES", sides[name][1])
+            set_env("ADDERNET_KERNEL_SOURCES", sides[name][1])
             steps[name]()
             times = []
             for _ in range(repeats):
@@ -334,7 +321,7 @@ def step_against(batch, rounds, repeats, against):
                 steps[name]()
                 times.append((time.perf_counter() - t) * 1e3)
             ms[name].append(statistics.median(times))
-        _set_env("ADDERNET_KERNEL_SOURCES", None)
+        set_env("ADDERNET_KERNEL_SOURCES", None)
 
     pairs = {"this/other": ("this", "other"), "this/twin": ("this", "twin"), "other/twin": ("other", "twin")}
     rs = {k: [x / y for x, y in zip(ms[a], ms[b])] for k, (a, b) in pairs.items()}
@@ -483,7 +470,7 @@ def main():
         print(json.dumps(peak_memory(shapes, args.ref_limit_gb)))
         return
     repeats = args.repeats or (5 if args.quick else 15)
-    if args.against and not Path(_kernel_sources(args.against)).is_dir():
+    if args.against and not Path(kernel_sources(args.against)).is_dir():
         ap.error(f"--against needs a checkout of this repository; got {args.against!r}")
     if args.against and not (args.kernels or args.step_rounds):
         ap.error("--against compares the kernels (--kernels ISA) or the whole step (--step-rounds N, not 0)")

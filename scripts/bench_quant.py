@@ -35,6 +35,16 @@ from a randomly initialised ResNet-20 quantised on random images (the speed does
 --isa-list runs every adder-side model once per kernel instruction set (ADDERNET_CPU_ISA, see
 docs/adder_layer.md), labelled "model [isa]", in the same interleaved rounds: on an AVX-512 host,
 native,avx2 compares the AVX-512 kernels with the AVX2 ones.
+
+One-process mode (--whole-model --one-process). The listed models in this one process, forward by forward in turn
+(the order rotated every round), so that each round's models run in the same minute of a shared machine; with
+--against CHECKOUT each adder-side model runs a second time on another checkout's C kernels (built from its sources:
+ADDERNET_KERNEL_SOURCES, docs/adder_layer.md; the Python is this tree's), listed just before this tree's. Per batch,
+each model's median time per forward and its range, and the median and quartiles of the per-round ratio of the first
+model's time to its time (> 1: faster than the first model), at the first thread count:
+
+    python scripts/bench_quant.py --whole-model --one-process --models "conv int8 pt2e,q8 int" [--rounds N]
+    python scripts/bench_quant.py --whole-model --one-process --models "q8 int" --against /tmp/before
 """
 
 import argparse
@@ -59,6 +69,7 @@ from addernet.ops import Adder2d
 from addernet.ops.kernels import build, int_cpu
 from addernet.quant import IntegerResNet, load_quantized_into, quantize_model
 from addernet.quant.convert import quantize_layer
+from addernet.tools.bench import kernel_sources, median_iqr, set_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -261,6 +272,47 @@ def whole_model(a):
         )
 
 
+def one_process(a):
+    """--one-process: the models in turn in this process, forward by forward (module docstring)."""
+    threads = a.thread_list[0]
+    torch.set_num_threads(threads)
+    other = kernel_sources(a.against) if a.against else None
+    entries = []  # (label, model, C kernel sources: None for this tree's)
+    for name in a.models:
+        model = _model(name, a)
+        if other and name.startswith(("adder", "q")):
+            entries.append((f"{name} [{a.against}]", model, other))
+        entries.append((name, model, None))
+    print(
+        f"{datetime.date.today()} | torch {torch.__version__} | ResNet-20, CIFAR 32x32 | {a.rounds} rounds, one "
+        f"process, forward by forward | {build.machine(threads)}",
+        flush=True,
+    )
+    with torch.no_grad():
+        for batch in BATCHES:
+            x = torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+            inner = 10 if batch == 1 else 1
+            times = {label: [] for label, _, _ in entries}
+            for r in range(a.rounds + 1):  # round 0 warms up (kernel builds, Inductor)
+                for label, model, src in entries[r % len(entries) :] + entries[: r % len(entries)]:
+                    set_env("ADDERNET_KERNEL_SOURCES", src)
+                    t = time.perf_counter()
+                    for _ in range(inner):
+                        model(x)
+                    if r:
+                        times[label].append((time.perf_counter() - t) / inner * 1e3)
+                set_env("ADDERNET_KERNEL_SOURCES", None)
+            first = times[entries[0][0]]
+            print(f"\nbatch {batch}, {threads} threads, ms per forward")
+            print(f"| model | median | min-max | {entries[0][0]} time / this time: median (quartiles) |")
+            print("|---|---|---|---|")
+            for label, t in times.items():
+                med, q1, q3 = median_iqr([f / v for f, v in zip(first, t)])
+                spread = f"{min(t):.3f}-{max(t):.3f}"
+                print(f"| {label} | {statistics.median(t):.3f} | {spread} | {med:.2f} ({q1:.2f}-{q3:.2f}) |")
+    print(f"load average after {os.getloadavg()[0]:.2f}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=7)
@@ -274,6 +326,10 @@ def main():
     p.add_argument("--models", help="comma-separated subset for --whole-model (default: all)")
     p.add_argument("--thread-list", dest="thread_list_arg", default="2,1", help="thread counts for --whole-model")
     p.add_argument("--isa-list", help="kernel instruction sets for the adder-side models, e.g. native,avx2")
+    p.add_argument("--one-process", action="store_true", help="--whole-model in this one process, forward by forward")
+    p.add_argument(
+        "--against", metavar="CHECKOUT", help="--one-process: adder-side models on this checkout's C kernels too"
+    )
     p.add_argument("--worker", choices=MODELS, help=argparse.SUPPRESS)
     p.add_argument("--overwrite", action="store_true", help="let --json replace a file this script did not write")
     a = p.parse_args()
@@ -291,8 +347,16 @@ def main():
         if PT2E in a.models and not _has_torchao():
             p.error(f"--models {PT2E!r} needs torchao (pip install torchao)")
     a.thread_list = [int(t) for t in a.thread_list_arg.split(",")]
+    if a.one_process and not a.whole_model:
+        p.error("--one-process times whole models: add --whole-model")
+    if a.against and not a.one_process:
+        p.error("--against runs in one process: add --whole-model --one-process")
+    if a.against and not Path(kernel_sources(a.against)).is_dir():
+        p.error(f"--against needs a checkout of this repository; got {a.against!r}")
     if a.worker:
         return worker(a)
+    if a.one_process:
+        return one_process(a)
     if a.whole_model:
         return whole_model(a)
     torch.set_num_threads(a.threads)

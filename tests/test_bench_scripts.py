@@ -190,6 +190,35 @@ def test_bench_quant_names_a_model_it_cannot_run_before_any_work(monkeypatch, ca
     assert e.value.code == 2 and says in err.splitlines()[-1], err
 
 
+def test_bench_quant_one_process_times_each_model_and_the_other_checkouts_kernels_in_turn(monkeypatch, capsys):
+    """--one-process: per batch a row per model, the integer network first on the other checkout's kernels (here this
+    checkout, built again from its own sources) and then on this tree's, with the ratio to the first row; --against
+    is refused outside --one-process or without a checkout."""
+    argv = ["bench_quant.py", "--whole-model", "--one-process", "--models", "q8 int", "--against", str(REPO)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--rounds", "2", "--thread-list", "1"])
+    runpy.run_path(str(REPO / "scripts" / "bench_quant.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("batch ")] == [
+        "batch 1, 1 threads, ms per forward",
+        "batch 64, 1 threads, ms per forward",
+    ]
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| q8 int")]
+    assert [r[0] for r in rows] == [f"| q8 int [{REPO}]", "| q8 int"] * 2
+    assert all(float(r[1]) > 0 and float(r[3].split()[0]) > 0 for r in rows)
+    assert [r[3] for r in rows[::2]] == ["1.00 (1.00-1.00) |"] * 2  # the first row against itself
+    assert "ADDERNET_KERNEL_SOURCES" not in os.environ
+    for args, says in (
+        (["--whole-model", "--against", str(REPO)], "--against runs in one process: add --whole-model --one-process"),
+        (["--whole-model", "--one-process", "--against", str(REPO / "docs")], "--against needs a checkout"),
+        (["--one-process"], "--one-process times whole models: add --whole-model"),
+    ):
+        monkeypatch.setattr(sys, "argv", ["bench_quant.py", *args])
+        with pytest.raises(SystemExit) as e:
+            runpy.run_path(str(REPO / "scripts" / "bench_quant.py"), run_name="__main__")
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and says in err.splitlines()[-1], err
+
+
 def test_bench_adder_against_another_checkout_times_both_kernels_in_one_process(monkeypatch, capsys):
     """--kernels with --against: each row has this tree's rate, the other checkout's and the per-round ratio (here
     the checkout is this one, built again from its own sources); without --kernels, or without a checkout, one line."""

@@ -18,6 +18,20 @@ from ..ops.kernels import build
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def kernel_sources(checkout):
+    """The C kernels' folder of another checkout, for ADDERNET_KERNEL_SOURCES (build.py): a benchmark compares that
+    version's kernels with this tree's in one process, the Python around them this tree's."""
+    return str(Path(checkout).resolve() / "addernet" / "ops" / "kernels")
+
+
+def set_env(name, value):
+    """os.environ[name] = value, or unset for None."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 def load():
     """The 1-, 5- and 15-minute load averages (zeros where the OS has none)."""
     try:
