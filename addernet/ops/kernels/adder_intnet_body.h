@@ -14,20 +14,20 @@ static void CAT(gather_hwc_, SUF)(const T *x, int64_t kh, int64_t R, int64_t rs,
     }
 }
 
-/* acc = a tile of OT filters w at the tile's pixels: patches read in place from plane src at at[] (direct), or the
- * gathered rows src. */
+/* acc = a tile of OT filters w at the tile's pixels: patches read in place from plane src at at[] (direct; a kernel
+ * row's weights Rp apart), or the gathered rows src. */
 static inline __attribute__((always_inline)) void CAT(tile_, SUF)(const T *src, int64_t direct, const int64_t *at,
                                                                  const T *w, int64_t Kp, int64_t kh, int64_t R,
-                                                                 int64_t rs, int32_t acc[PT][OT]) {
+                                                                 int64_t rs, int64_t Rp, int32_t acc[PT][OT]) {
 #ifdef DIRECT_TILE
     if (direct) {
         const T *xs[PT];
         for (int t = 0; t < PT; t++) xs[t] = src + at[t];
-        DIRECT_TILE(xs, rs, kh, R, w, Kp, Kp / kh, acc);
+        DIRECT_TILE(xs, rs, kh, R, w, Kp, Rp, acc);
         return;
     }
 #endif
-    (void)direct, (void)at, (void)kh, (void)R, (void)rs;
+    (void)direct, (void)at, (void)kh, (void)R, (void)rs, (void)Rp;
     TILE(src, w, Kp, acc);
 }
 
@@ -148,6 +148,7 @@ static void CAT(run_op_, SUF)(const intnet_op *op, void **bufs, int64_t q0, int6
         return;
     }
     const int64_t Kp = op->Kp, L = op->Ho * op->Wo, kh = op->kh, R = op->kw * op->C, rs = (op->W + 2 * B) * op->C;
+    const int64_t Rp = Kp / kh; /* in place: a kernel row's weights */
     const int64_t n_tiles = op->n_tiles, n_planes = op->n_planes, direct = op->direct, C = op->C;
     const int64_t sh = op->sh, sw = op->sw, ph = op->ph, pw = op->pw, W = op->W;
     const int64_t *chan = op->chan;
@@ -174,7 +175,8 @@ static void CAT(run_op_, SUF)(const intnet_op *op, void **bufs, int64_t q0, int6
         }
         if (!direct)
             for (int64_t p = 0; p < n_planes; p++) CAT(gather_hwc_, SUF)(gp[p], kh, R, rs, Kp, at, rows + p * PT * Kp);
-        for (int64_t b = 0; b < n_tiles; b++) CAT(tile_, SUF)(src[b], direct, at, w + b * OT * Kp, Kp, kh, R, rs, acc[b]);
+        for (int64_t b = 0; b < n_tiles; b++)
+            CAT(tile_, SUF)(src[b], direct, at, w + b * OT * Kp, Kp, kh, R, rs, Rp, acc[b]);
         for (int64_t b = 0; b < n_tiles; b++) {
 #ifdef HAVE_EMIT8
             if (first[b] >= 0 && b + 1 < n_tiles && first[b + 1] == first[b] + OT) { /* 8 channels */
