@@ -349,6 +349,8 @@ def main():
     a.thread_list = [int(t) for t in a.thread_list_arg.split(",")]
     if a.one_process and not a.whole_model:
         p.error("--one-process times whole models: add --whole-model")
+    if a.one_process and (a.json or a.isa_list):
+        p.error("--one-process prints its tables only: drop --json and --isa-list (--against compares kernels)")
     if a.against and not a.one_process:
         p.error("--against runs in one process: add --whole-model --one-process")
     if a.against and not Path(kernel_sources(a.against)).is_dir():

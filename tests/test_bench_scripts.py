@@ -211,6 +211,7 @@ def test_bench_quant_one_process_times_each_model_and_the_other_checkouts_kernel
         (["--whole-model", "--against", str(REPO)], "--against runs in one process: add --whole-model --one-process"),
         (["--whole-model", "--one-process", "--against", str(REPO / "docs")], "--against needs a checkout"),
         (["--one-process"], "--one-process times whole models: add --whole-model"),
+        (["--whole-model", "--one-process", "--isa-list", "avx2"], "--one-process prints its tables only"),
     ):
         monkeypatch.setattr(sys, "argv", ["bench_quant.py", *args])
         with pytest.raises(SystemExit) as e:
