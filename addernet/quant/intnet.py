@@ -102,6 +102,10 @@ class _Layer:
         rows, run = (kh, kw * cin) if self.direct else (1, kk)
         wrows = torch.zeros(len(slots), rows, self.kp // rows, dtype=torch.int64)
         wrows[real, :, :run] = u.permute(0, 2, 3, 1).reshape(o, rows, run)[chan[real]]
+        if self.direct and int_cpu.direct_pairs(cin, kh, kw, lane):  # row i+1's last 16 bytes in row i's padding
+            full = run - 16
+            wrows[:, 0 : kh - 1 : 2, run:] = wrows[:, 1:kh:2, full:run]
+            wrows[:, 1:kh:2, full:run] = 0
         wrows = wrows.reshape(len(slots), self.kp)
         self.w = wrows.to(lane).contiguous()
         self.chan = chan

@@ -201,8 +201,9 @@ static void sad_tile_u8(const uint8_t *rows, const uint8_t *w, int64_t Kp, int32
 /* The integer network's tile without a gather: pixel t's patch is read in place from a zero-bordered
  * channels-last plane, kh runs of R = kw*C bytes rs bytes apart starting at xs[t]; filter o's weights
  * are kh runs of R bytes, each padded with zeros to Rp (a multiple of the vector width), Kp = kh*Rp
- * apart. A run's last partial vector is loaded under a byte mask (AVX-512) or as 16 bytes (AVX2: R is a
- * multiple of 16), so no byte past the run is read into a sum. */
+ * apart. A run's last partial vector is loaded under a byte mask (AVX-512), so no byte past the run is read
+ * into a sum. On AVX2 R is a multiple of 16; when a 16-byte part is left, kernel rows i and i+1 (i even) share
+ * one 32-byte step: row i+1's 16 weights sit in row i's padding (adder_intnet_direct_pairs). */
 static void sad_direct_u8(const uint8_t *const xs[PT], int64_t rs, int64_t kh, int64_t R, const uint8_t *w,
                           int64_t Kp, int64_t Rp, int32_t acc[PT][OT]) {
     const int64_t full = R / (int64_t)sizeof(svec) * (int64_t)sizeof(svec);
@@ -241,20 +242,37 @@ static void sad_direct_u8(const uint8_t *const xs[PT], int64_t rs, int64_t kh, i
                 for (int o = 0; o < OT; o++) a[t][o] = ADD64(a[t][o], SAD(xv, wv[o]));
             }
         }
-#else
-        if (k < R) { /* 16 bytes left */
-            __m128i wv[OT];
+#endif
+    }
+#if !ISA_AVX512
+    for (int64_t i = 0; full < R && i < kh; i += 2) { /* the 16-byte parts of rows i and i+1 */
+        const uint8_t *wi = w + i * Rp + full;
+        const int64_t xo = i * rs + full;
+        if (i + 1 < kh) {
+            svec wv[OT];
 #pragma GCC unroll 8
-            for (int o = 0; o < OT; o++) wv[o] = _mm_loadu_si128((const __m128i *)(wi + o * Kp + k));
+            for (int o = 0; o < OT; o++) wv[o] = SLOAD(wi + o * Kp);
 #pragma GCC unroll 8
             for (int t = 0; t < PT; t++) {
-                const __m128i xv = _mm_loadu_si128((const __m128i *)(xs[t] + xo + k));
+                const __m256i xv = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(xs[t] + xo))),
+                    _mm_loadu_si128((const __m128i *)(xs[t] + xo + rs)), 1);
+#pragma GCC unroll 8
+                for (int o = 0; o < OT; o++) a[t][o] = ADD64(a[t][o], SAD(xv, wv[o]));
+            }
+        } else {
+            __m128i wv[OT];
+#pragma GCC unroll 8
+            for (int o = 0; o < OT; o++) wv[o] = _mm_loadu_si128((const __m128i *)(wi + o * Kp));
+#pragma GCC unroll 8
+            for (int t = 0; t < PT; t++) {
+                const __m128i xv = _mm_loadu_si128((const __m128i *)(xs[t] + xo));
 #pragma GCC unroll 8
                 for (int o = 0; o < OT; o++) a[t][o] = ADD64(a[t][o], _mm256_zextsi128_si256(_mm_sad_epu8(xv, wv[o])));
             }
         }
-#endif
     }
+#endif
 #pragma GCC unroll 8
     for (int t = 0; t < PT; t++) fold4(a[t][0], a[t][1], a[t][2], a[t][3], acc[t]);
 }
@@ -266,13 +284,21 @@ static void sad_direct_u8(const uint8_t *const xs[PT], int64_t rs, int64_t kh, i
 int adder_intnet_direct_row(int64_t C, int64_t kh, int64_t kw, int bytes) {
 #if ISA_AVX2
     const int64_t R = kw * C, V = sizeof(svec);
-    const int64_t direct = kh * ((R + V - 1) / V), gathered = ((kh * R + SADB - 1) / SADB * SADB + V - 1) / V;
+    const int64_t pairs = !ISA_AVX512 && R % V ? (kh + 1) / 2 : 0; /* AVX2: rows' 16-byte parts two per step */
+    const int64_t direct = pairs ? kh * (R / V) + pairs : kh * ((R + V - 1) / V);
+    const int64_t gathered = ((kh * R + SADB - 1) / SADB * SADB + V - 1) / V;
     if (bytes != 1 || direct > gathered || (!ISA_AVX512 && R % 16)) return 0;
     return (int)((R + V - 1) / V * V);
 #else
     (void)C, (void)kh, (void)kw, (void)bytes;
     return 0;
 #endif
+}
+
+/* 1 when the in-place tiles of such a layer read kernel rows i and i+1 (i even) in one step at their ends, so
+ * the packed weights of row i+1's last R % 32 bytes (16) go into row i's padding (AVX2 only), else 0. */
+int adder_intnet_direct_pairs(int64_t C, int64_t kh, int64_t kw, int bytes) {
+    return !ISA_AVX512 && adder_intnet_direct_row(C, kh, kw, bytes) && (kw * C) % 32 && kh > 1;
 }
 
 #if !ISA_SSE2
