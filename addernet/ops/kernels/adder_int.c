@@ -17,6 +17,7 @@
  * The layer's shape comes as an adder_geometry (geometry.h; Kp is the row length, Opad is Og rounded up
  * to OT, Cgp is unused). x is NCHW contiguous; w is packed [G][Opad][Kp] with K in (i, j, c) order; y is
  * NCHW contiguous. */
+#include <fenv.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -423,19 +424,28 @@ int adder_intnet_forward(const intnet_op *ops, int64_t n_ops, int bytes, const f
                          float *out, int64_t out_stride, int64_t N, const int64_t *buf_off, int64_t n_bufs,
                          uint8_t *ws, int64_t ws_bytes, int64_t rows_off, int nt) {
     if (N >= nt) {
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-        for (int64_t n = 0; n < N; n++) {
-            uint8_t *area = ws + (int64_t)omp_get_thread_num() * ws_bytes;
-            void *bufs[MAXBUF];
-            bufs[0] = (void *)(x + n * x_stride);
-            bufs[1] = out + n * out_stride;
-            for (int64_t b = 2; b < n_bufs; b++) bufs[b] = area + buf_off[b];
-            for (int64_t i = 0; i < n_ops; i++) run_op(&ops[i], bufs, 0, op_pixels(&ops[i]), area + rows_off, bytes);
+#pragma omp parallel num_threads(nt)
+        {
+            const int mode = fegetround(); /* the quantiser rounds half to even, whatever the caller had set */
+            fesetround(FE_TONEAREST);
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t n = 0; n < N; n++) {
+                uint8_t *area = ws + (int64_t)omp_get_thread_num() * ws_bytes;
+                void *bufs[MAXBUF];
+                bufs[0] = (void *)(x + n * x_stride);
+                bufs[1] = out + n * out_stride;
+                for (int64_t b = 2; b < n_bufs; b++) bufs[b] = area + buf_off[b];
+                for (int64_t i = 0; i < n_ops; i++)
+                    run_op(&ops[i], bufs, 0, op_pixels(&ops[i]), area + rows_off, bytes);
+            }
+            fesetround(mode);
         }
         return 0;
     }
 #pragma omp parallel num_threads(nt)
     {
+        const int mode = fegetround();
+        fesetround(FE_TONEAREST);
         uint8_t *rows = ws + (int64_t)omp_get_thread_num() * ws_bytes + rows_off;
         void *bufs[MAXBUF];
         for (int64_t n = 0; n < N; n++) {
@@ -450,6 +460,7 @@ int adder_intnet_forward(const intnet_op *ops, int64_t n_ops, int bytes, const f
 #pragma omp barrier
             }
         }
+        fesetround(mode);
     }
     return 0;
 }

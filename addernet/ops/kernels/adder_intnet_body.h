@@ -79,7 +79,9 @@ static inline __attribute__((always_inline)) void CAT(emit1_, SUF)(const CAT(epi
 
 #if ISA_AVX2
 /* The same for 4 consecutive elements e..e+3 of slots with factors al and terms be, in double lanes: the results
- * equal emit1's exactly (fma is correctly rounded either way). */
+ * equal emit1's exactly (fma is correctly rounded either way). v / s_k is capped at lv, then rounded to nearest
+ * even by the conversion (the rounding mode adder_intnet_forward sets); values below 0, including those too
+ * negative for int32, saturate to 0 in the unsigned packs: clamp(round(.), 0, lv) in 3 instructions, not 5. */
 static inline __attribute__((always_inline)) void CAT(emit4_, SUF)(const CAT(epi_, SUF) *ep, __m256d a, __m256d al,
                                                                   __m256d be, int64_t e, int64_t eq) {
     __m256d v = _mm256_fmadd_pd(al, a, be);
@@ -87,9 +89,7 @@ static inline __attribute__((always_inline)) void CAT(emit4_, SUF)(const CAT(epi
     if (ep->relu) v = _mm256_max_pd(v, _mm256_setzero_pd());
     if (ep->out) _mm_storeu_ps(ep->out + e, _mm256_cvtpd_ps(v));
     for (int64_t k = 0; k < ep->n_q; k++) {
-        __m256d r = _mm256_round_pd(_mm256_mul_pd(v, _mm256_set1_pd(ep->inv[k])),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        r = _mm256_min_pd(_mm256_max_pd(r, _mm256_setzero_pd()), _mm256_set1_pd(ep->lv));
+        const __m256d r = _mm256_min_pd(_mm256_mul_pd(v, _mm256_set1_pd(ep->inv[k])), _mm256_set1_pd(ep->lv));
         const __m128i i32 = _mm256_cvtpd_epi32(r);
         const __m128i i16 = _mm_packus_epi32(i32, i32);
         T *dst = ep->q[k] + eq;
@@ -105,7 +105,8 @@ static inline __attribute__((always_inline)) void CAT(emit4_, SUF)(const CAT(epi
 #endif
 
 #if ISA_AVX512
-/* The same for 8 consecutive elements in one register of double lanes (equal to emit1's results too). */
+/* The same for 8 consecutive elements in one register of double lanes (equal to emit1's results too): capped at
+ * lv, rounded to nearest even in the conversion, then negatives to 0 (the packs below saturate unsigned). */
 static inline __attribute__((always_inline)) void CAT(emit8_, SUF)(const CAT(epi_, SUF) *ep, __m512d a, __m512d al,
                                                                   __m512d be, int64_t e, int64_t eq) {
     __m512d v = _mm512_fmadd_pd(al, a, be);
@@ -113,10 +114,9 @@ static inline __attribute__((always_inline)) void CAT(emit8_, SUF)(const CAT(epi
     if (ep->relu) v = _mm512_max_pd(v, _mm512_setzero_pd());
     if (ep->out) _mm256_storeu_ps(ep->out + e, _mm512_cvtpd_ps(v));
     for (int64_t k = 0; k < ep->n_q; k++) {
-        __m512d r = _mm512_roundscale_pd(_mm512_mul_pd(v, _mm512_set1_pd(ep->inv[k])),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        r = _mm512_min_pd(_mm512_max_pd(r, _mm512_setzero_pd()), _mm512_set1_pd(ep->lv));
-        const __m256i i32 = _mm512_cvtpd_epi32(r);
+        const __m512d r = _mm512_min_pd(_mm512_mul_pd(v, _mm512_set1_pd(ep->inv[k])), _mm512_set1_pd(ep->lv));
+        const __m256i i32 = _mm256_max_epi32(
+            _mm512_cvt_roundpd_epi32(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), _mm256_setzero_si256());
         T *dst = ep->q[k] + eq;
         if (sizeof(T) == 1) _mm_storel_epi64((__m128i *)dst, _mm256_cvtusepi32_epi8(i32));
         else _mm_storeu_si128((__m128i *)dst, _mm256_cvtusepi32_epi16(i32));
