@@ -87,9 +87,10 @@ class _Layer:
         beta = (-(s / lv) * c + q.bias_term.double() - bn.running_mean.double()) * k + bn.bias.double()
         o, cin, kh, kw = qw.shape
         kk = cin * kh * kw
-        rp = int_cpu.direct_row(cin, kh, kw, lane)  # > 0: the tiles read the input planes in place
-        self.direct = rp > 0
-        self.kp = kh * rp if self.direct else -(-kk // align) * align
+        lanes = int_cpu.lanes(cin, kh, kw, lane)
+        rp = 0 if lanes else int_cpu.direct_row(cin, kh, kw, lane)  # > 0: the tiles read kernel rows in place
+        self.direct = 2 if lanes else int(rp > 0)  # adder_int.c intnet_op.direct
+        self.kp = kk if lanes else kh * rp if rp else -(-kk // align) * align
         slots, tile_plane = [], []
         for p in range(len(self.scales)):
             members = torch.nonzero(plane == p).flatten().tolist()
@@ -98,14 +99,12 @@ class _Layer:
             tile_plane += [p] * (len(members) // ot)
         chan = torch.tensor(slots, dtype=torch.int64)
         real = chan >= 0
-        # (i, j, c) order; in place: each kernel row's kw*cin weights padded to rp, else the whole patch to kp
-        rows, run = (kh, kw * cin) if self.direct else (1, kk)
+        # (i, j, c) order; by kernel rows: each row's kw*cin weights padded to rp, else the whole patch to kp
+        rows, run = (kh, kw * cin) if self.direct == 1 else (1, kk)
         wrows = torch.zeros(len(slots), rows, self.kp // rows, dtype=torch.int64)
         wrows[real, :, :run] = u.permute(0, 2, 3, 1).reshape(o, rows, run)[chan[real]]
-        if self.direct and int_cpu.direct_pairs(cin, kh, kw, lane):  # row i+1's last 16 bytes in row i's padding
-            full = run - 16
-            wrows[:, 0 : kh - 1 : 2, run:] = wrows[:, 1:kh:2, full:run]
-            wrows[:, 1:kh:2, full:run] = 0
+        if lanes:  # per filter tile: K/8 steps of [ot][8] bytes
+            wrows = wrows.view(-1, ot, kk // 8, 8).transpose(1, 2)
         wrows = wrows.reshape(len(slots), self.kp)
         self.w = wrows.to(lane).contiguous()
         self.chan = chan
@@ -268,7 +267,7 @@ class IntegerResNet(nn.Module):
                     Ho=ho,
                     Wo=wo,
                     Kp=layer.kp,
-                    direct=int(layer.direct),
+                    direct=layer.direct,
                     n_tiles=len(layer.tile_plane),
                     n_planes=len(planes),
                     in_buf=planes[0],

@@ -198,13 +198,11 @@ static void sad_tile_u8(const uint8_t *rows, const uint8_t *w, int64_t Kp, int32
 }
 #endif
 
-#if ISA_AVX2
-/* The integer network's tile without a gather: pixel t's patch is read in place from a zero-bordered
+#if ISA_AVX512
+/* The integer network's AVX-512 tile without a gather: pixel t's patch is read in place from a zero-bordered
  * channels-last plane, kh runs of R = kw*C bytes rs bytes apart starting at xs[t]; filter o's weights
- * are kh runs of R bytes, each padded with zeros to Rp (a multiple of the vector width), Kp = kh*Rp
- * apart. A run's last partial vector is loaded under a byte mask (AVX-512), so no byte past the run is read
- * into a sum. On AVX2 R is a multiple of 16; when a 16-byte part is left, kernel rows i and i+1 (i even) share
- * one 32-byte step: row i+1's 16 weights sit in row i's padding (adder_intnet_direct_pairs). */
+ * are kh runs of R bytes, each padded with zeros to Rp (a multiple of 64), Kp = kh*Rp apart. A run's last
+ * partial vector is loaded under a byte mask, so no byte past the run is read into a sum. */
 static void sad_direct_u8(const uint8_t *const xs[PT], int64_t rs, int64_t kh, int64_t R, const uint8_t *w,
                           int64_t Kp, int64_t Rp, int32_t acc[PT][OT]) {
     const int64_t full = R / (int64_t)sizeof(svec) * (int64_t)sizeof(svec);
@@ -213,9 +211,7 @@ static void sad_direct_u8(const uint8_t *const xs[PT], int64_t rs, int64_t kh, i
     for (int t = 0; t < PT; t++)
 #pragma GCC unroll 8
         for (int o = 0; o < OT; o++) a[t][o] = ZERO();
-#if ISA_AVX512
     const __mmask64 tail = R > full ? (~(__mmask64)0) >> (64 - (R - full)) : 0;
-#endif
     for (int64_t i = 0; i < kh; i++) {
         const uint8_t *wi = w + i * Rp;
         const int64_t xo = i * rs;
@@ -231,7 +227,6 @@ static void sad_direct_u8(const uint8_t *const xs[PT], int64_t rs, int64_t kh, i
                 for (int o = 0; o < OT; o++) a[t][o] = ADD64(a[t][o], SAD(xv, wv[o]));
             }
         }
-#if ISA_AVX512
         if (tail) {
             svec wv[OT];
 #pragma GCC unroll 8
@@ -243,63 +238,86 @@ static void sad_direct_u8(const uint8_t *const xs[PT], int64_t rs, int64_t kh, i
                 for (int o = 0; o < OT; o++) a[t][o] = ADD64(a[t][o], SAD(xv, wv[o]));
             }
         }
-#endif
     }
-#if !ISA_AVX512
-    for (int64_t i = 0; full < R && i < kh; i += 2) { /* the 16-byte parts of rows i and i+1 */
-        const uint8_t *wi = w + i * Rp + full;
-        const int64_t xo = i * rs + full;
-        if (i + 1 < kh) {
-            svec wv[OT];
-#pragma GCC unroll 8
-            for (int o = 0; o < OT; o++) wv[o] = SLOAD(wi + o * Kp);
-#pragma GCC unroll 8
-            for (int t = 0; t < PT; t++) {
-                const __m256i xv = _mm256_inserti128_si256(
-                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(xs[t] + xo))),
-                    _mm_loadu_si128((const __m128i *)(xs[t] + xo + rs)), 1);
-#pragma GCC unroll 8
-                for (int o = 0; o < OT; o++) a[t][o] = ADD64(a[t][o], SAD(xv, wv[o]));
-            }
-        } else {
-            __m128i wv[OT];
-#pragma GCC unroll 8
-            for (int o = 0; o < OT; o++) wv[o] = _mm_loadu_si128((const __m128i *)(wi + o * Kp));
-#pragma GCC unroll 8
-            for (int t = 0; t < PT; t++) {
-                const __m128i xv = _mm_loadu_si128((const __m128i *)(xs[t] + xo));
-#pragma GCC unroll 8
-                for (int o = 0; o < OT; o++) a[t][o] = ADD64(a[t][o], _mm256_zextsi128_si256(_mm_sad_epu8(xv, wv[o])));
-            }
-        }
-    }
-#endif
 #pragma GCC unroll 8
     for (int t = 0; t < PT; t++) fold4(a[t][0], a[t][1], a[t][2], a[t][3], acc[t]);
 }
 #endif
 
-/* Weight row stride per kernel row (Rp) when the integer network's tiles read a kh x kw layer with C input
- * channels in place (sad_direct_u8), or 0 when they gather patches for it: 8-bit lanes, AVX2 or AVX-512
- * (AVX2: kw*C a multiple of 16), and no more vector steps per pixel than the gathered row's. */
+#if ISA_AVX2 && !ISA_AVX512
+/* The integer network's AVX2 tile with the filters across the lanes: the 4 64-bit lanes of a vpsadbw are 4
+ * filters, so 8 bytes of a pixel's patch, broadcast to every lane, meet 8 bytes of 4 filters at once and each
+ * lane sums one output: no fold across lanes at the end, and K needs no padding past a multiple of 8. Pixel t's
+ * patch is read in place, kh runs of R = kw*C bytes rs apart from xs[t]; filter tile g's weights (at w + g*ts) are
+ * K/8 steps of [OT][8] bytes in the patch's (i, j, c) order. GB filter tiles at once: PT x GB accumulators. */
+static inline __attribute__((always_inline)) void lanes_block(const uint8_t *const xs[PT], int64_t rs, int64_t kh,
+                                                             int64_t R, const uint8_t *w, int64_t ts, const int GB,
+                                                             int32_t (*acc)[PT][OT]) {
+    __m256i a[PT][4];
+#pragma GCC unroll 8
+    for (int t = 0; t < PT; t++)
+#pragma GCC unroll 8
+        for (int g = 0; g < GB; g++) a[t][g] = _mm256_setzero_si256();
+    for (int64_t i = 0; i < kh; i++) {
+        const uint8_t *wi = w + i * R * OT;
+        for (int64_t k = 0; k < R; k += 8) {
+            __m256i xv[PT];
+#pragma GCC unroll 8
+            for (int t = 0; t < PT; t++) {
+                int64_t v;
+                memcpy(&v, xs[t] + i * rs + k, 8);
+                xv[t] = _mm256_set1_epi64x(v);
+            }
+#pragma GCC unroll 8
+            for (int g = 0; g < GB; g++) {
+                const __m256i wv = _mm256_loadu_si256((const __m256i *)(wi + g * ts + k * OT));
+#pragma GCC unroll 8
+                for (int t = 0; t < PT; t++) a[t][g] = _mm256_add_epi64(a[t][g], _mm256_sad_epu8(xv[t], wv));
+            }
+        }
+    }
+    _Static_assert(PT == 2, "the AVX2 tile stores two pixels' sums per filter tile at once");
+    const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+#pragma GCC unroll 8
+    for (int g = 0; g < GB; g++) /* lanes < 2^32: pixel 0's sums in the low halves, pixel 1's in the high */
+        _mm256_storeu_si256((__m256i *)acc[g],
+                            _mm256_permutevar8x32_epi32(_mm256_or_si256(a[0][g], _mm256_slli_epi64(a[1][g], 32)), order));
+}
+
+/* acc[0..n) for n <= 4 filter tiles that read the same planes (each count its own unrolled block). */
+static void sad_lanes_u8(const uint8_t *const xs[PT], int64_t rs, int64_t kh, int64_t R, const uint8_t *w, int64_t ts,
+                         int64_t n, int32_t (*acc)[PT][OT]) {
+    switch (n) {
+    case 4: lanes_block(xs, rs, kh, R, w, ts, 4, acc); break;
+    case 3: lanes_block(xs, rs, kh, R, w, ts, 3, acc); break;
+    case 2: lanes_block(xs, rs, kh, R, w, ts, 2, acc); break;
+    default: lanes_block(xs, rs, kh, R, w, ts, 1, acc);
+    }
+}
+#define LANES_TILES 4 /* filter tiles per sad_lanes_u8 call */
+#endif
+
+/* 1 when the integer network's tiles read a kh x kw layer with C input channels in place with the filters across
+ * the lanes (sad_lanes_u8; its weights packed per filter tile as K/8 steps of [OT][8] bytes), else 0: 8-bit lanes
+ * on AVX2 (not AVX-512, whose tiles read kernel rows, adder_intnet_direct_row) and kw*C a multiple of 8. */
+int adder_intnet_lanes(int64_t C, int64_t kh, int64_t kw, int bytes) {
+    (void)kh;
+    return ISA_AVX2 && !ISA_AVX512 && bytes == 1 && (kw * C) % 8 == 0;
+}
+
+/* Weight row stride per kernel row (Rp) when the integer network's AVX-512 tiles read a kh x kw layer with C
+ * input channels in place (sad_direct_u8), or 0: 8-bit lanes, and no more vector steps per pixel than the
+ * gathered row's (AVX2 reads in place with the filters across the lanes instead: adder_intnet_lanes). */
 int adder_intnet_direct_row(int64_t C, int64_t kh, int64_t kw, int bytes) {
-#if ISA_AVX2
+#if ISA_AVX512
     const int64_t R = kw * C, V = sizeof(svec);
-    const int64_t pairs = !ISA_AVX512 && R % V ? (kh + 1) / 2 : 0; /* AVX2: rows' 16-byte parts two per step */
-    const int64_t direct = pairs ? kh * (R / V) + pairs : kh * ((R + V - 1) / V);
-    const int64_t gathered = ((kh * R + SADB - 1) / SADB * SADB + V - 1) / V;
-    if (bytes != 1 || direct > gathered || (!ISA_AVX512 && R % 16)) return 0;
+    const int64_t direct = kh * ((R + V - 1) / V), gathered = ((kh * R + SADB - 1) / SADB * SADB + V - 1) / V;
+    if (bytes != 1 || direct > gathered) return 0;
     return (int)((R + V - 1) / V * V);
 #else
     (void)C, (void)kh, (void)kw, (void)bytes;
     return 0;
 #endif
-}
-
-/* 1 when the in-place tiles of such a layer read kernel rows i and i+1 (i even) in one step at their ends, so
- * the packed weights of row i+1's last R % 32 bytes (16) go into row i's padding (AVX2 only), else 0. */
-int adder_intnet_direct_pairs(int64_t C, int64_t kh, int64_t kw, int bytes) {
-    return !ISA_AVX512 && adder_intnet_direct_row(C, kh, kw, bytes) && (kw * C) % 32 && kh > 1;
 }
 
 #if !ISA_SSE2
@@ -377,7 +395,8 @@ _Static_assert(OT == 4, "the vector epilogue writes 4 channels");
 typedef struct {
     int64_t kind, C, H, W, O, kh, kw, sh, sw, ph, pw, Ho, Wo, Kp, n_tiles, n_planes;
     int64_t in_buf, out_buf, res_buf, relu, n_q, lv;
-    int64_t border, direct; /* zero border of every integer plane; 1: adder tiles read planes in place */
+    int64_t border, direct; /* zero border of every integer plane; adder tiles read planes in place: 1 by kernel
+                             * rows (sad_direct_u8), 2 with the filters across lanes (sad_lanes_u8); 0: gathered */
     int64_t q_buf[MAXQ];
     double inv[MAXQ];
     const void *w;              /* [n_tiles * OT][Kp] packed unsigned weights */
@@ -393,14 +412,18 @@ typedef struct {
 #define T uint8_t
 #define SUF u8
 #define TILE sad_tile_u8
-#if ISA_AVX2
+#if ISA_AVX512
 #define DIRECT_TILE sad_direct_u8
+#endif
+#ifdef LANES_TILES
+#define LANES_TILE sad_lanes_u8
 #endif
 #include "adder_intnet_body.h"
 #undef T
 #undef SUF
 #undef TILE
 #undef DIRECT_TILE
+#undef LANES_TILE
 #define T uint16_t
 #define SUF u16
 #define TILE sad_tile_u16

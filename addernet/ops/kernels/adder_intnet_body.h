@@ -175,8 +175,19 @@ static void CAT(run_op_, SUF)(const intnet_op *op, void **bufs, int64_t q0, int6
         }
         if (!direct)
             for (int64_t p = 0; p < n_planes; p++) CAT(gather_hwc_, SUF)(gp[p], kh, R, rs, Kp, at, rows + p * PT * Kp);
-        for (int64_t b = 0; b < n_tiles; b++)
-            CAT(tile_, SUF)(src[b], direct, at, w + b * OT * Kp, Kp, kh, R, rs, Rp, acc[b]);
+#ifdef LANES_TILE
+        if (direct == 2) /* runs of up to LANES_TILES filter tiles on one plane */
+            for (int64_t b = 0, e; b < n_tiles; b = e) {
+                for (e = b + 1; e < n_tiles && e - b < LANES_TILES && op->tile_plane[e] == op->tile_plane[b]; e++) {
+                }
+                const T *xs[PT];
+                for (int t = 0; t < PT; t++) xs[t] = src[b] + at[t];
+                LANES_TILE(xs, rs, kh, R, w + b * OT * Kp, OT * Kp, e - b, acc + b);
+            }
+        else
+#endif
+            for (int64_t b = 0; b < n_tiles; b++)
+                CAT(tile_, SUF)(src[b], direct, at, w + b * OT * Kp, Kp, kh, R, rs, Rp, acc[b]);
         for (int64_t b = 0; b < n_tiles; b++) {
 #ifdef HAVE_EMIT8
             if (first[b] >= 0 && b + 1 < n_tiles && first[b + 1] == first[b] + OT) { /* 8 channels */

@@ -150,7 +150,7 @@ FUNCTIONS = {
     "adder_intnet_forward": (_INT, (_P, _I64, _INT, _P, _I64, _P, _I64, _I64, _P, _I64, _P, _I64, _I64, _INT)),
     "adder_intnet_op_size": (_INT, ()),
     "adder_intnet_direct_row": (_INT, (_I64, _I64, _I64, _INT)),
-    "adder_intnet_direct_pairs": (_INT, (_I64, _I64, _I64, _INT)),
+    "adder_intnet_lanes": (_INT, (_I64, _I64, _I64, _INT)),
 }
 
 
@@ -159,15 +159,15 @@ def filter_tile():
 
 
 def direct_row(channels, kh, kw, lane):
-    """Weight bytes per kernel row when the integer network's tiles read a layer's input planes in place
-    (adder_int.c sad_direct_u8), or 0 when this kernel path gathers patches for it."""
+    """Weight bytes per kernel row when the integer network's AVX-512 tiles read a layer's input planes in place
+    by kernel rows (adder_int.c sad_direct_u8), or 0."""
     return _lib().adder_intnet_direct_row(channels, kh, kw, LANES[lane])
 
 
-def direct_pairs(channels, kh, kw, lane):
-    """True when those in-place tiles read the last 16 bytes of kernel rows i and i + 1 (i even) in one step, so
-    row i + 1's last 16 weights are packed into row i's padding (adder_int.c sad_direct_u8)."""
-    return bool(_lib().adder_intnet_direct_pairs(channels, kh, kw, LANES[lane]))
+def lanes(channels, kh, kw, lane):
+    """True when the integer network's tiles read a layer's input planes in place with the filters across the
+    vector lanes (adder_int.c sad_lanes_u8): weights packed per filter tile as K/8 steps of [filters][8] bytes."""
+    return bool(_lib().adder_intnet_lanes(channels, kh, kw, LANES[lane]))
 
 
 def row_align():
