@@ -83,12 +83,13 @@ static inline __attribute__((always_inline)) void CAT(emit1_, SUF)(const CAT(epi
  * even by the conversion (the rounding mode adder_intnet_forward sets); values below 0, including those too
  * negative for int32, saturate to 0 in the unsigned packs: clamp(round(.), 0, lv) in 3 instructions, not 5. */
 static inline __attribute__((always_inline)) void CAT(emit4_, SUF)(const CAT(epi_, SUF) *ep, __m256d a, __m256d al,
-                                                                  __m256d be, int64_t e, int64_t eq) {
+                                                                  __m256d be, int64_t e, int64_t eq, const int RES,
+                                                                  const int OUT, const int NQ) {
     __m256d v = _mm256_fmadd_pd(al, a, be);
-    if (ep->res) v = _mm256_add_pd(v, _mm256_cvtps_pd(_mm_loadu_ps(ep->res + e)));
+    if (RES) v = _mm256_add_pd(v, _mm256_cvtps_pd(_mm_loadu_ps(ep->res + e)));
     if (ep->relu) v = _mm256_max_pd(v, _mm256_setzero_pd());
-    if (ep->out) _mm_storeu_ps(ep->out + e, _mm256_cvtpd_ps(v));
-    for (int64_t k = 0; k < ep->n_q; k++) {
+    if (OUT) _mm_storeu_ps(ep->out + e, _mm256_cvtpd_ps(v));
+    for (int64_t k = 0; k < (NQ < 2 ? NQ : ep->n_q); k++) {
         const __m256d r = _mm256_min_pd(_mm256_mul_pd(v, _mm256_set1_pd(ep->inv[k])), _mm256_set1_pd(ep->lv));
         const __m128i i32 = _mm256_cvtpd_epi32(r);
         const __m128i i16 = _mm_packus_epi32(i32, i32);
@@ -108,12 +109,13 @@ static inline __attribute__((always_inline)) void CAT(emit4_, SUF)(const CAT(epi
 /* The same for 8 consecutive elements in one register of double lanes (equal to emit1's results too): capped at
  * lv, rounded to nearest even in the conversion, then negatives to 0 (the packs below saturate unsigned). */
 static inline __attribute__((always_inline)) void CAT(emit8_, SUF)(const CAT(epi_, SUF) *ep, __m512d a, __m512d al,
-                                                                  __m512d be, int64_t e, int64_t eq) {
+                                                                  __m512d be, int64_t e, int64_t eq, const int RES,
+                                                                  const int OUT, const int NQ) {
     __m512d v = _mm512_fmadd_pd(al, a, be);
-    if (ep->res) v = _mm512_add_pd(v, _mm512_cvtps_pd(_mm256_loadu_ps(ep->res + e)));
+    if (RES) v = _mm512_add_pd(v, _mm512_cvtps_pd(_mm256_loadu_ps(ep->res + e)));
     if (ep->relu) v = _mm512_max_pd(v, _mm512_setzero_pd());
-    if (ep->out) _mm256_storeu_ps(ep->out + e, _mm512_cvtpd_ps(v));
-    for (int64_t k = 0; k < ep->n_q; k++) {
+    if (OUT) _mm256_storeu_ps(ep->out + e, _mm512_cvtpd_ps(v));
+    for (int64_t k = 0; k < (NQ < 2 ? NQ : ep->n_q); k++) {
         const __m512d r = _mm512_min_pd(_mm512_mul_pd(v, _mm512_set1_pd(ep->inv[k])), _mm512_set1_pd(ep->lv));
         const __m256i i32 = _mm256_max_epi32(
             _mm512_cvt_roundpd_epi32(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), _mm256_setzero_si256());
@@ -124,6 +126,58 @@ static inline __attribute__((always_inline)) void CAT(emit8_, SUF)(const CAT(epi
 }
 #define HAVE_EMIT8 1
 #endif
+
+/* The epilogues of a pixel tile's np pixels q.. (planes at pq[]) over every filter tile's sums acc; RES, OUT and NQ
+ * (0, 1, or 2 for the op's n_q) are constants in each copy, so the per-4-output code has no tests of the op. */
+static inline __attribute__((always_inline)) void CAT(epi_tiles_, SUF)(const CAT(epi_, SUF) *ep, int32_t (*acc)[PT][OT],
+                                                                      int64_t n_tiles, const int64_t *first,
+                                                                      const int64_t *chan, int64_t q, int64_t np,
+                                                                      int64_t O, const int64_t *pq, const int RES,
+                                                                      const int OUT, const int NQ) {
+    (void)first, (void)RES, (void)OUT, (void)NQ;
+    for (int64_t b = 0; b < n_tiles; b++) {
+#ifdef HAVE_EMIT8
+        if (first[b] >= 0 && b + 1 < n_tiles && first[b + 1] == first[b] + OT) { /* 8 channels */
+            const __m512d al = _mm512_loadu_pd(ep->alpha + b * OT), be = _mm512_loadu_pd(ep->beta + b * OT);
+            for (int64_t t = 0; t < np; t++) {
+                const __m256i a = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)acc[b][t])),
+                    _mm_loadu_si128((const __m128i *)acc[b + 1][t]), 1);
+                CAT(emit8_, SUF)(ep, _mm512_cvtepi32_pd(a), al, be, (q + t) * O + first[b], pq[t] + first[b], RES, OUT,
+                                 NQ);
+            }
+            b++;
+            continue;
+        }
+#endif
+#ifdef HAVE_EMIT4
+        if (first[b] >= 0) { /* OT = 4 consecutive output channels */
+            const __m256d al = _mm256_loadu_pd(ep->alpha + b * OT), be = _mm256_loadu_pd(ep->beta + b * OT);
+            for (int64_t t = 0; t < np; t++)
+                CAT(emit4_, SUF)(ep, _mm256_cvtepi32_pd(_mm_loadu_si128((const __m128i *)acc[b][t])), al, be,
+                                 (q + t) * O + first[b], pq[t] + first[b], RES, OUT, NQ);
+            continue;
+        }
+#endif
+        for (int64_t t = 0; t < np; t++)
+            for (int64_t o = 0; o < OT; o++) {
+                const int64_t ch = chan[b * OT + o];
+                if (ch >= 0) CAT(emit1_, SUF)(ep, acc[b][t][o], b * OT + o, (q + t) * O + ch, pq[t] + ch);
+            }
+    }
+}
+
+/* epi_tiles for this op's residual, float output and number of quantised outputs (inlined: ep stays a local of
+ * run_op, which no quantised store may alias). */
+static inline __attribute__((always_inline)) void CAT(epilogue_, SUF)(const CAT(epi_, SUF) *ep, int32_t (*acc)[PT][OT], int64_t n_tiles, const int64_t *first,
+                                const int64_t *chan, int64_t q, int64_t np, int64_t O, const int64_t *pq) {
+#define EPI(R, F, N) CAT(epi_tiles_, SUF)(ep, acc, n_tiles, first, chan, q, np, O, pq, R, F, N)
+#define EPI_NQ(R, F) (ep->n_q == 1 ? EPI(R, F, 1) : ep->n_q == 0 ? EPI(R, F, 0) : EPI(R, F, 2))
+    if (ep->res) ep->out ? EPI_NQ(1, 1) : EPI_NQ(1, 0);
+    else ep->out ? EPI_NQ(0, 1) : EPI_NQ(0, 0);
+#undef EPI_NQ
+#undef EPI
+}
 
 /* One op over the output pixels [q0, q1) of one image (q0 a multiple of PT for adder layers); the op that
  * covers pixel 0 zeroes its planes' borders. The op's fields are read into locals first (see epi_). */
@@ -141,7 +195,7 @@ static void CAT(run_op_, SUF)(const intnet_op *op, void **bufs, int64_t q0, int6
 #ifdef HAVE_EMIT4
             for (; c + 4 <= O; c += 4)
                 CAT(emit4_, SUF)(&ep, _mm256_cvtps_pd(_mm_loadu_ps(x + p * O + c)), _mm256_loadu_pd(ep.alpha + c),
-                                 _mm256_loadu_pd(ep.beta + c), p * O + c, pq + c);
+                                 _mm256_loadu_pd(ep.beta + c), p * O + c, pq + c, ep.res != NULL, ep.out != NULL, 2);
 #endif
             for (; c < O; c++) CAT(emit1_, SUF)(&ep, x[p * O + c], c, p * O + c, pq + c);
         }
@@ -188,35 +242,7 @@ static void CAT(run_op_, SUF)(const intnet_op *op, void **bufs, int64_t q0, int6
 #endif
             for (int64_t b = 0; b < n_tiles; b++)
                 CAT(tile_, SUF)(src[b], direct, at, w + b * OT * Kp, Kp, kh, R, rs, Rp, acc[b]);
-        for (int64_t b = 0; b < n_tiles; b++) {
-#ifdef HAVE_EMIT8
-            if (first[b] >= 0 && b + 1 < n_tiles && first[b + 1] == first[b] + OT) { /* 8 channels */
-                const __m512d al = _mm512_loadu_pd(ep.alpha + b * OT), be = _mm512_loadu_pd(ep.beta + b * OT);
-                for (int64_t t = 0; t < np; t++) {
-                    const __m256i a = _mm256_inserti128_si256(
-                        _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)acc[b][t])),
-                        _mm_loadu_si128((const __m128i *)acc[b + 1][t]), 1);
-                    CAT(emit8_, SUF)(&ep, _mm512_cvtepi32_pd(a), al, be, (q + t) * O + first[b], pq[t] + first[b]);
-                }
-                b++;
-                continue;
-            }
-#endif
-#ifdef HAVE_EMIT4
-            if (first[b] >= 0) { /* OT = 4 consecutive output channels */
-                const __m256d al = _mm256_loadu_pd(ep.alpha + b * OT), be = _mm256_loadu_pd(ep.beta + b * OT);
-                for (int64_t t = 0; t < np; t++)
-                    CAT(emit4_, SUF)(&ep, _mm256_cvtepi32_pd(_mm_loadu_si128((const __m128i *)acc[b][t])), al, be,
-                                     (q + t) * O + first[b], pq[t] + first[b]);
-                continue;
-            }
-#endif
-            for (int64_t t = 0; t < np; t++)
-                for (int64_t o = 0; o < OT; o++) {
-                    const int64_t ch = chan[b * OT + o];
-                    if (ch >= 0) CAT(emit1_, SUF)(&ep, acc[b][t][o], b * OT + o, (q + t) * O + ch, pq[t] + ch);
-                }
-        }
+        CAT(epilogue_, SUF)(&ep, acc, n_tiles, first, chan, q, np, O, pq);
     }
 }
 #undef HAVE_EMIT4
