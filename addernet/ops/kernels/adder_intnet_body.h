@@ -189,8 +189,9 @@ static void CAT(run_op_, SUF)(const intnet_op *op, void **bufs, int64_t q0, int6
     const CAT(epi_, SUF) ep = CAT(epi_of_, SUF)(op, bufs);
     if (op->kind == OP_ENTRY) { /* per-channel affine (folded BatchNorm), ReLU, float copy, quantise */
         const float *x = bufs[op->in_buf];
-        for (int64_t p = q0; p < q1; p++) {
-            const int64_t pq = ((p / wo + B) * (wo + 2 * B) + p % wo + B) * O;
+        int64_t pq = ((q0 / wo + B) * (wo + 2 * B) + q0 % wo + B) * O, ox = q0 % wo; /* stepped: no division */
+        for (int64_t p = q0; p < q1; p++, pq += O) {
+            if (p > q0 && ox++ == wo - 1) ox = 0, pq += 2 * B * O; /* the next row's first pixel */
             int64_t c = 0;
 #ifdef HAVE_EMIT4
             for (; c + 4 <= O; c += 4)
