@@ -39,7 +39,8 @@ native,avx2 compares the AVX-512 kernels with the AVX2 ones.
 One-process mode (--whole-model --one-process). The listed models in this one process, forward by forward in turn
 (the order rotated every round), so that each round's models run in the same minute of a shared machine; with
 --against CHECKOUT each adder-side model runs a second time on another checkout's C kernels (built from its sources:
-ADDERNET_KERNEL_SOURCES, docs/adder_layer.md; the Python is this tree's), listed just before this tree's. Per batch,
+ADDERNET_KERNEL_SOURCES, docs/adder_layer.md; the Python is this tree's, and an integer network is packed again
+under those kernels, in the layout they read), listed just before this tree's. Per batch,
 each model's median time per forward and its range, and the median and quartiles of the per-round ratio of the first
 model's time to its time (> 1: faster than the first model), at the first thread count:
 
@@ -154,10 +155,15 @@ def _model(name, a):
         return convert_fx(prepared)
     if name == PT2E:
         return _pt2e_int8()
+    model = _quantised(name, a)
+    return model if name.endswith("layers") else IntegerResNet(model)
+
+
+def _quantised(name, a):
+    """The quantised ResNet-20 of model `name` ("q8 ..." or "q4 ..."): --q8/--q4's file or a random one."""
     bits = int(name[1])
     path = a.q8 if bits == 8 else a.q4
-    model = (load_quantized_into(build_model("resnet20").eval(), path)[0] if path else _random_quantised(bits)).eval()
-    return model if name.endswith("layers") else IntegerResNet(model)
+    return (load_quantized_into(build_model("resnet20").eval(), path)[0] if path else _random_quantised(bits)).eval()
 
 
 def _has_torchao():
@@ -279,9 +285,16 @@ def one_process(a):
     other = kernel_sources(a.against) if a.against else None
     entries = []  # (label, model, C kernel sources: None for this tree's)
     for name in a.models:
-        model = _model(name, a)
-        if other and name.startswith(("adder", "q")):
-            entries.append((f"{name} [{a.against}]", model, other))
+        if other and name.endswith(" int"):  # the network packed again under those kernels, in their layout
+            quantised = _quantised(name, a)
+            set_env("ADDERNET_KERNEL_SOURCES", other)
+            entries.append((f"{name} [{a.against}]", IntegerResNet(quantised), other))
+            set_env("ADDERNET_KERNEL_SOURCES", None)
+            model = IntegerResNet(quantised)
+        else:
+            model = _model(name, a)
+            if other and name.startswith(("adder", "q")):
+                entries.append((f"{name} [{a.against}]", model, other))
         entries.append((name, model, None))
     print(
         f"{datetime.date.today()} | torch {torch.__version__} | ResNet-20, CIFAR 32x32 | {a.rounds} rounds, one "
