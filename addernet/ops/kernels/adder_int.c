@@ -279,9 +279,10 @@ static inline __attribute__((always_inline)) void lanes_block(const uint8_t *con
     _Static_assert(PT == 2, "the AVX2 tile stores two pixels' sums per filter tile at once");
     const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
 #pragma GCC unroll 8
-    for (int g = 0; g < GB; g++) /* lanes < 2^32: pixel 0's sums in the low halves, pixel 1's in the high */
-        _mm256_storeu_si256((__m256i *)acc[g],
-                            _mm256_permutevar8x32_epi32(_mm256_or_si256(a[0][g], _mm256_slli_epi64(a[1][g], 32)), order));
+    for (int g = 0; g < GB; g++) { /* lanes < 2^32: pixel 0's sums in the low halves, pixel 1's in the high */
+        const __m256i both = _mm256_or_si256(a[0][g], _mm256_slli_epi64(a[1][g], 32));
+        _mm256_storeu_si256((__m256i *)acc[g], _mm256_permutevar8x32_epi32(both, order));
+    }
 }
 
 /* acc[0..n) for n <= 4 filter tiles that read the same planes (each count its own unrolled block). */

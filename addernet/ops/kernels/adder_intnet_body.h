@@ -169,8 +169,10 @@ static inline __attribute__((always_inline)) void CAT(epi_tiles_, SUF)(const CAT
 
 /* epi_tiles for this op's residual, float output and number of quantised outputs (inlined: ep stays a local of
  * run_op, which no quantised store may alias). */
-static inline __attribute__((always_inline)) void CAT(epilogue_, SUF)(const CAT(epi_, SUF) *ep, int32_t (*acc)[PT][OT], int64_t n_tiles, const int64_t *first,
-                                const int64_t *chan, int64_t q, int64_t np, int64_t O, const int64_t *pq) {
+static inline __attribute__((always_inline)) void CAT(epilogue_, SUF)(const CAT(epi_, SUF) *ep, int32_t (*acc)[PT][OT],
+                                                                      int64_t n_tiles, const int64_t *first,
+                                                                      const int64_t *chan, int64_t q, int64_t np,
+                                                                      int64_t O, const int64_t *pq) {
 #define EPI(R, F, N) CAT(epi_tiles_, SUF)(ep, acc, n_tiles, first, chan, q, np, O, pq, R, F, N)
 #define EPI_NQ(R, F) (ep->n_q == 1 ? EPI(R, F, 1) : ep->n_q == 0 ? EPI(R, F, 0) : EPI(R, F, 2))
     if (ep->res) ep->out ? EPI_NQ(1, 1) : EPI_NQ(1, 0);
