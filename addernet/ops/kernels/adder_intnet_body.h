@@ -102,6 +102,28 @@ static inline __attribute__((always_inline)) void CAT(emit4_, SUF)(const CAT(epi
         }
     }
 }
+/* emit4 for 8 consecutive elements as two halves (v0: e..e+3, v1: e+4..e+7): each quantised output packed and
+ * stored once for the 8. */
+static inline __attribute__((always_inline)) void CAT(emit4x2_, SUF)(const CAT(epi_, SUF) *ep, __m256d a0, __m256d a1,
+                                                                    __m256d al0, __m256d be0, __m256d al1,
+                                                                    __m256d be1, int64_t e, int64_t eq, const int RES,
+                                                                    const int OUT, const int NQ) {
+    __m256d v0 = _mm256_fmadd_pd(al0, a0, be0), v1 = _mm256_fmadd_pd(al1, a1, be1);
+    if (RES) {
+        v0 = _mm256_add_pd(v0, _mm256_cvtps_pd(_mm_loadu_ps(ep->res + e)));
+        v1 = _mm256_add_pd(v1, _mm256_cvtps_pd(_mm_loadu_ps(ep->res + e + 4)));
+    }
+    if (ep->relu) v0 = _mm256_max_pd(v0, _mm256_setzero_pd()), v1 = _mm256_max_pd(v1, _mm256_setzero_pd());
+    if (OUT) _mm_storeu_ps(ep->out + e, _mm256_cvtpd_ps(v0)), _mm_storeu_ps(ep->out + e + 4, _mm256_cvtpd_ps(v1));
+    for (int64_t k = 0; k < (NQ < 2 ? NQ : ep->n_q); k++) {
+        const __m256d inv = _mm256_set1_pd(ep->inv[k]), lv = _mm256_set1_pd(ep->lv);
+        const __m128i i16 = _mm_packus_epi32(_mm256_cvtpd_epi32(_mm256_min_pd(_mm256_mul_pd(v0, inv), lv)),
+                                             _mm256_cvtpd_epi32(_mm256_min_pd(_mm256_mul_pd(v1, inv), lv)));
+        T *dst = ep->q[k] + eq;
+        if (sizeof(T) == 1) _mm_storel_epi64((__m128i *)dst, _mm_packus_epi16(i16, i16));
+        else _mm_storeu_si128((__m128i *)dst, i16);
+    }
+}
 #define HAVE_EMIT4 1
 #endif
 
@@ -146,6 +168,18 @@ static inline __attribute__((always_inline)) void CAT(epi_tiles_, SUF)(const CAT
                 CAT(emit8_, SUF)(ep, _mm512_cvtepi32_pd(a), al, be, (q + t) * O + first[b], pq[t] + first[b], RES, OUT,
                                  NQ);
             }
+            b++;
+            continue;
+        }
+#endif
+#if defined(HAVE_EMIT4) && !defined(HAVE_EMIT8)
+        if (first[b] >= 0 && b + 1 < n_tiles && first[b + 1] == first[b] + OT) { /* 8 channels */
+            const __m256d al0 = _mm256_loadu_pd(ep->alpha + b * OT), be0 = _mm256_loadu_pd(ep->beta + b * OT);
+            const __m256d al1 = _mm256_loadu_pd(ep->alpha + b * OT + OT), be1 = _mm256_loadu_pd(ep->beta + b * OT + OT);
+            for (int64_t t = 0; t < np; t++)
+                CAT(emit4x2_, SUF)(ep, _mm256_cvtepi32_pd(_mm_loadu_si128((const __m128i *)acc[b][t])),
+                                   _mm256_cvtepi32_pd(_mm_loadu_si128((const __m128i *)acc[b + 1][t])), al0, be0, al1,
+                                   be1, (q + t) * O + first[b], pq[t] + first[b], RES, OUT, NQ);
             b++;
             continue;
         }
