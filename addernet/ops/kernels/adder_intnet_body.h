@@ -79,20 +79,30 @@ static inline __attribute__((always_inline)) void CAT(emit1_, SUF)(const CAT(epi
 
 #if ISA_AVX2
 /* The same for 4 consecutive elements e..e+3 of slots with factors al and terms be, in double lanes: the results
- * equal emit1's exactly (fma is correctly rounded either way). v / s_k is capped at lv, then rounded to nearest
- * even by the conversion (the rounding mode adder_intnet_forward sets); values below 0, including those too
+ * equal emit1's exactly (fma is correctly rounded either way). v4 is the value after the residual and the ReLU,
+ * also written as the float output; q4 is quantised output k as int32: v / s_k capped at lv, rounded to nearest
+ * even by the conversion (the rounding mode adder_intnet_forward sets). Values below 0, including those too
  * negative for int32, saturate to 0 in the unsigned packs: clamp(round(.), 0, lv) in 3 instructions, not 5. */
-static inline __attribute__((always_inline)) void CAT(emit4_, SUF)(const CAT(epi_, SUF) *ep, __m256d a, __m256d al,
-                                                                  __m256d be, int64_t e, int64_t eq, const int RES,
-                                                                  const int OUT, const int NQ) {
+static inline __attribute__((always_inline)) __m256d CAT(v4_, SUF)(const CAT(epi_, SUF) *ep, __m256d a, __m256d al,
+                                                                  __m256d be, int64_t e, const int RES,
+                                                                  const int OUT) {
     __m256d v = _mm256_fmadd_pd(al, a, be);
     if (RES) v = _mm256_add_pd(v, _mm256_cvtps_pd(_mm_loadu_ps(ep->res + e)));
     if (ep->relu) v = _mm256_max_pd(v, _mm256_setzero_pd());
     if (OUT) _mm_storeu_ps(ep->out + e, _mm256_cvtpd_ps(v));
+    return v;
+}
+
+static inline __attribute__((always_inline)) __m128i CAT(q4_, SUF)(const CAT(epi_, SUF) *ep, __m256d v, int64_t k) {
+    return _mm256_cvtpd_epi32(_mm256_min_pd(_mm256_mul_pd(v, _mm256_set1_pd(ep->inv[k])), _mm256_set1_pd(ep->lv)));
+}
+
+static inline __attribute__((always_inline)) void CAT(emit4_, SUF)(const CAT(epi_, SUF) *ep, __m256d a, __m256d al,
+                                                                  __m256d be, int64_t e, int64_t eq, const int RES,
+                                                                  const int OUT, const int NQ) {
+    const __m256d v = CAT(v4_, SUF)(ep, a, al, be, e, RES, OUT);
     for (int64_t k = 0; k < (NQ < 2 ? NQ : ep->n_q); k++) {
-        const __m256d r = _mm256_min_pd(_mm256_mul_pd(v, _mm256_set1_pd(ep->inv[k])), _mm256_set1_pd(ep->lv));
-        const __m128i i32 = _mm256_cvtpd_epi32(r);
-        const __m128i i16 = _mm_packus_epi32(i32, i32);
+        const __m128i i32 = CAT(q4_, SUF)(ep, v, k), i16 = _mm_packus_epi32(i32, i32);
         T *dst = ep->q[k] + eq;
         if (sizeof(T) == 1) {
             const int32_t four = _mm_cvtsi128_si32(_mm_packus_epi16(i16, i16));
@@ -102,23 +112,17 @@ static inline __attribute__((always_inline)) void CAT(emit4_, SUF)(const CAT(epi
         }
     }
 }
-/* emit4 for 8 consecutive elements as two halves (v0: e..e+3, v1: e+4..e+7): each quantised output packed and
- * stored once for the 8. */
+
+/* emit4 for 8 consecutive elements in two halves (e..e+3 and e+4..e+7, factors al0, al1, terms be0, be1): each
+ * quantised output packed and stored once for the 8. */
 static inline __attribute__((always_inline)) void CAT(emit4x2_, SUF)(const CAT(epi_, SUF) *ep, __m256d a0, __m256d a1,
                                                                     __m256d al0, __m256d be0, __m256d al1,
                                                                     __m256d be1, int64_t e, int64_t eq, const int RES,
                                                                     const int OUT, const int NQ) {
-    __m256d v0 = _mm256_fmadd_pd(al0, a0, be0), v1 = _mm256_fmadd_pd(al1, a1, be1);
-    if (RES) {
-        v0 = _mm256_add_pd(v0, _mm256_cvtps_pd(_mm_loadu_ps(ep->res + e)));
-        v1 = _mm256_add_pd(v1, _mm256_cvtps_pd(_mm_loadu_ps(ep->res + e + 4)));
-    }
-    if (ep->relu) v0 = _mm256_max_pd(v0, _mm256_setzero_pd()), v1 = _mm256_max_pd(v1, _mm256_setzero_pd());
-    if (OUT) _mm_storeu_ps(ep->out + e, _mm256_cvtpd_ps(v0)), _mm_storeu_ps(ep->out + e + 4, _mm256_cvtpd_ps(v1));
+    const __m256d v0 = CAT(v4_, SUF)(ep, a0, al0, be0, e, RES, OUT);
+    const __m256d v1 = CAT(v4_, SUF)(ep, a1, al1, be1, e + 4, RES, OUT);
     for (int64_t k = 0; k < (NQ < 2 ? NQ : ep->n_q); k++) {
-        const __m256d inv = _mm256_set1_pd(ep->inv[k]), lv = _mm256_set1_pd(ep->lv);
-        const __m128i i16 = _mm_packus_epi32(_mm256_cvtpd_epi32(_mm256_min_pd(_mm256_mul_pd(v0, inv), lv)),
-                                             _mm256_cvtpd_epi32(_mm256_min_pd(_mm256_mul_pd(v1, inv), lv)));
+        const __m128i i16 = _mm_packus_epi32(CAT(q4_, SUF)(ep, v0, k), CAT(q4_, SUF)(ep, v1, k));
         T *dst = ep->q[k] + eq;
         if (sizeof(T) == 1) _mm_storel_epi64((__m128i *)dst, _mm_packus_epi16(i16, i16));
         else _mm_storeu_si128((__m128i *)dst, i16);
@@ -156,10 +160,12 @@ static inline __attribute__((always_inline)) void CAT(epi_tiles_, SUF)(const CAT
                                                                       const int64_t *chan, int64_t q, int64_t np,
                                                                       int64_t O, const int64_t *pq, const int RES,
                                                                       const int OUT, const int NQ) {
-    (void)first, (void)RES, (void)OUT, (void)NQ;
+    (void)RES, (void)OUT, (void)NQ;
     for (int64_t b = 0; b < n_tiles; b++) {
+        const int eight = first[b] >= 0 && b + 1 < n_tiles && first[b + 1] == first[b] + OT; /* 8 channels */
+        (void)eight;
 #ifdef HAVE_EMIT8
-        if (first[b] >= 0 && b + 1 < n_tiles && first[b + 1] == first[b] + OT) { /* 8 channels */
+        if (eight) {
             const __m512d al = _mm512_loadu_pd(ep->alpha + b * OT), be = _mm512_loadu_pd(ep->beta + b * OT);
             for (int64_t t = 0; t < np; t++) {
                 const __m256i a = _mm256_inserti128_si256(
@@ -173,7 +179,7 @@ static inline __attribute__((always_inline)) void CAT(epi_tiles_, SUF)(const CAT
         }
 #endif
 #if defined(HAVE_EMIT4) && !defined(HAVE_EMIT8)
-        if (first[b] >= 0 && b + 1 < n_tiles && first[b + 1] == first[b] + OT) { /* 8 channels */
+        if (eight) {
             const __m256d al0 = _mm256_loadu_pd(ep->alpha + b * OT), be0 = _mm256_loadu_pd(ep->beta + b * OT);
             const __m256d al1 = _mm256_loadu_pd(ep->alpha + b * OT + OT), be1 = _mm256_loadu_pd(ep->beta + b * OT + OT);
             for (int64_t t = 0; t < np; t++)
@@ -251,7 +257,6 @@ static void CAT(run_op_, SUF)(const intnet_op *op, void **bufs, int64_t q0, int6
         src[b] = direct ? (const T *)bufs[op->in_planes[op->tile_plane[b]]] : rows + op->tile_plane[b] * PT * Kp;
         first[b] = op->tile_first[b];
     }
-    (void)first; /* read by the vector epilogues only */
     for (int64_t p = 0; p < n_planes; p++) gp[p] = bufs[op->in_planes[p]];
     int32_t acc[n_tiles][PT][OT]; /* every tile's sums for the pixel tile, then the epilogue over all of them: run
                                     * tile by tile, each epilogue waited on its tile's sums */
