@@ -246,22 +246,52 @@ def test_integer_network_equals_the_float64_reference_on_every_split(isa, bits, 
     quantised = quantised_resnet20(bits)
     x = random_images(3, 2)
     net = IntegerResNet(quantised)  # packed for this path's row alignment and tile
-    direct = {layer.direct for layer, *_ in net._steps}
-    # 8-bit lanes read planes in place: every layer on AVX2 (the filters across the lanes: 2), all but the
-    # 32-channel 3x3 layers on AVX-512 (by kernel rows: 1; those gather: 0); the other paths always gather
-    expected = {"avx2": {2}, "avx512": {0, 1}}.get(isa, {0}) if bits == 8 else {0}
-    assert direct == expected, direct
+    # 8-bit lanes read planes in place: every layer with the filters across the lanes (2) on AVX2, and on AVX-512
+    # on an AMD CPU; on an Intel one all but the 32-channel 3x3 layers by kernel rows (1; those gather: 0); the
+    # other paths always gather
+    lanes = {2} if isa == "avx2" or build.amd_cpu() else {0, 1}
+    expected = {"avx2": lanes, "avx512": lanes}.get(isa, {0}) if bits == 8 else {0}
+    assert {layer.direct for layer, *_ in net._steps} == expected
     whole = net.features(x)
     single = torch.cat([net.features(x[i : i + 1]) for i in range(3)])
     torch.set_num_threads(1)
     serial = net.features(x)
     assert torch.equal(whole, single) and torch.equal(whole, serial)
     assert max_rel_error(net(x), quantised_reference(quantised, x)) < 3e-5
+    monkeypatch.setattr(int_cpu, "amd_cpu", lambda: False)  # AVX-512 on an Intel CPU: kernel rows
+    rows = IntegerResNet(quantised)
+    assert {layer.direct for layer, *_ in rows._steps} == ({0, 1} if isa == "avx512" and bits == 8 else expected)
+    assert torch.equal(whole, rows.features(x))
     monkeypatch.setattr(int_cpu, "direct_row", lambda *shape: 0)  # every layer gathered on this path too
     monkeypatch.setattr(int_cpu, "lanes", lambda *shape: False)
     assert torch.equal(whole, IntegerResNet(quantised).features(x))
     monkeypatch.setenv("ADDERNET_CPU_ISA", "scalar")
     assert torch.equal(whole, IntegerResNet(quantised).features(x))
+
+
+def test_the_integer_network_on_the_other_pixel_tile(isa, tmp_path, monkeypatch):
+    """The integer network's tiles hold 4 pixels with AVX-512 and 2 with AVX2 (adder_int.c PT). Built with the other
+    count (ADDERNET_INT_PT), the same path gives the same bits: an AVX2 host runs AVX-512's tile shapes, the filters
+    across the lanes included, and an AVX-512 host AVX2's."""
+    if isa not in ("avx512", "avx2"):
+        pytest.skip(f"the {isa} path has no tile with the filters across the lanes")
+    quantised = quantised_resnet20(8)
+    x = random_images(3, 2)
+    net = IntegerResNet(quantised)
+    whole, pt = net.features(x), int_cpu.pixel_tile()
+    other = {2: 4, 4: 2}[pt]
+    src = _kernel_sources_copy(tmp_path / "kernels")
+    text = (src / "adder_int.c").read_text()
+    (src / "adder_int.c").write_text(f"#define ADDERNET_INT_PT {other}\n" + text)
+    monkeypatch.setenv("ADDERNET_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ADDERNET_KERNEL_SOURCES", str(src))
+    assert int_cpu.pixel_tile() == other
+    for amd in (True, False):  # on AVX-512: the lanes and the kernel rows
+        monkeypatch.setattr(int_cpu, "amd_cpu", lambda amd=amd: amd)
+        net = IntegerResNet(quantised)
+        assert 2 in {layer.direct for layer, *_ in net._steps} or (isa == "avx512" and not amd)
+        assert torch.equal(whole, net.features(x)), (isa, other, amd)
+        assert torch.equal(whole[1:2], net.features(x[1:2]))  # one image: its pixels split across the threads
 
 
 def test_unknown_isa_is_a_config_error(monkeypatch):

@@ -39,8 +39,11 @@ static int omp_get_num_threads(void) { return 1; }
 #endif
 
 /* PT pixels x OT filters per tile: 4 x 4 64-bit-lane accumulators + 4 weights + 1 row fit the 32 zmm
- * registers; 2 x 4 + 4 + 1 fit the 16 ymm/xmm ones. */
-#if ISA_AVX512
+ * registers; 2 x 4 + 4 + 1 fit the 16 ymm/xmm ones. ADDERNET_INT_PT sets it instead (the tests build the AVX2 path
+ * with AVX-512's 4, to run AVX-512's tile shapes on any AVX2 host). */
+#if defined(ADDERNET_INT_PT)
+#define PT ADDERNET_INT_PT
+#elif ISA_AVX512
 #define PT 4
 #else
 #define PT 2
@@ -244,12 +247,14 @@ static void sad_direct_u8(const uint8_t *const xs[PT], int64_t rs, int64_t kh, i
 }
 #endif
 
-#if ISA_AVX2 && !ISA_AVX512
-/* The integer network's AVX2 tile with the filters across the lanes: the 4 64-bit lanes of a vpsadbw are 4
+#if ISA_AVX2
+/* The integer network's 256-bit tile with the filters across the lanes (AVX2, and AVX-512 on AMD CPUs:
+ * int_cpu.lanes): the 4 64-bit lanes of a vpsadbw are 4
  * filters, so 8 bytes of a pixel's patch, broadcast to every lane, meet 8 bytes of 4 filters at once and each
  * lane sums one output: no fold across lanes at the end, and K needs no padding past a multiple of 8. Pixel t's
  * patch is read in place, kh runs of R = kw*C bytes rs apart from xs[t]; filter tile g's weights (at w + g*ts) are
- * K/8 steps of [OT][8] bytes in the patch's (i, j, c) order. GB filter tiles at once: PT x GB accumulators. */
+ * K/8 steps of [OT][8] bytes in the patch's (i, j, c) order. GB filter tiles at once: PT x GB accumulators (of
+ * AVX-512's 32 registers 16 with its 4 pixels, of AVX2's 16 registers 8 with its 2). */
 static inline __attribute__((always_inline)) void lanes_block(const uint8_t *const xs[PT], int64_t rs, int64_t kh,
                                                              int64_t R, const uint8_t *w, int64_t ts, const int GB,
                                                              int32_t (*acc)[PT][OT]) {
@@ -276,13 +281,15 @@ static inline __attribute__((always_inline)) void lanes_block(const uint8_t *con
             }
         }
     }
-    _Static_assert(PT == 2, "the AVX2 tile stores two pixels' sums per filter tile at once");
+    _Static_assert(PT % 2 == 0, "the tile stores two pixels' sums per filter tile at once");
     const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
 #pragma GCC unroll 8
-    for (int g = 0; g < GB; g++) { /* lanes < 2^32: pixel 0's sums in the low halves, pixel 1's in the high */
-        const __m256i both = _mm256_or_si256(a[0][g], _mm256_slli_epi64(a[1][g], 32));
-        _mm256_storeu_si256((__m256i *)acc[g], _mm256_permutevar8x32_epi32(both, order));
-    }
+    for (int g = 0; g < GB; g++)
+#pragma GCC unroll 8
+        for (int t = 0; t < PT; t += 2) { /* lanes < 2^32: pixel t's sums in the low halves, pixel t+1's in the high */
+            const __m256i both = _mm256_or_si256(a[t][g], _mm256_slli_epi64(a[t + 1][g], 32));
+            _mm256_storeu_si256((__m256i *)acc[g][t], _mm256_permutevar8x32_epi32(both, order));
+        }
 }
 
 /* acc[0..n) for n <= 4 filter tiles that read the same planes (each count its own unrolled block). */
@@ -298,17 +305,19 @@ static void sad_lanes_u8(const uint8_t *const xs[PT], int64_t rs, int64_t kh, in
 #define LANES_TILES 4 /* filter tiles per sad_lanes_u8 call */
 #endif
 
-/* 1 when the integer network's tiles read a kh x kw layer with C input channels in place with the filters across
- * the lanes (sad_lanes_u8; its weights packed per filter tile as K/8 steps of [OT][8] bytes), else 0: 8-bit lanes
- * on AVX2 (not AVX-512, whose tiles read kernel rows, adder_intnet_direct_row) and kw*C a multiple of 8. */
+/* 1 when the integer network's tiles can read a kh x kw layer with C input channels in place with the filters
+ * across the lanes (sad_lanes_u8; its weights packed per filter tile as K/8 steps of [OT][8] bytes), else 0: 8-bit
+ * lanes on AVX2 or AVX-512 and kw*C a multiple of 8. On AVX-512 the caller chooses between it and the kernel-row
+ * tile (int_cpu.lanes). */
 int adder_intnet_lanes(int64_t C, int64_t kh, int64_t kw, int bytes) {
     (void)kh;
-    return ISA_AVX2 && !ISA_AVX512 && bytes == 1 && (kw * C) % 8 == 0;
+    return ISA_AVX2 && bytes == 1 && (kw * C) % 8 == 0;
 }
 
 /* Weight row stride per kernel row (Rp) when the integer network's AVX-512 tiles read a kh x kw layer with C
  * input channels in place (sad_direct_u8), or 0: 8-bit lanes, and no more vector steps per pixel than the
- * gathered row's (AVX2 reads in place with the filters across the lanes instead: adder_intnet_lanes). */
+ * gathered row's (AVX2, and AVX-512 on AMD CPUs, read in place with the filters across the lanes instead:
+ * adder_intnet_lanes). */
 int adder_intnet_direct_row(int64_t C, int64_t kh, int64_t kw, int bytes) {
 #if ISA_AVX512
     const int64_t R = kw * C, V = sizeof(svec);

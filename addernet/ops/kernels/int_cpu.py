@@ -10,7 +10,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from .build import Geometry, library
+from .build import Geometry, amd_cpu, library
 
 LANES = {torch.uint8: 1, torch.uint16: 2}
 SERIAL_WORK = 1 << 20  # abs-differences below which one thread is faster than waking the others
@@ -166,8 +166,13 @@ def direct_row(channels, kh, kw, lane):
 
 def lanes(channels, kh, kw, lane):
     """True when the integer network's tiles read a layer's input planes in place with the filters across the
-    vector lanes (adder_int.c sad_lanes_u8): weights packed per filter tile as K/8 steps of [filters][8] bytes."""
-    return bool(_lib().adder_intnet_lanes(channels, kh, kw, LANES[lane]))
+    vector lanes (adder_int.c sad_lanes_u8): weights packed per filter tile as K/8 steps of [filters][8] bytes.
+
+    The tile is 256 bits wide. With AVX-512 it is chosen on AMD CPUs, whose cores run a 512-bit instruction as two
+    256-bit halves, so the kernel-row tile's wider vpsadbw gains nothing there and its fold and padding cost; an
+    Intel core sums 64 bytes per vpsadbw, so it keeps the kernel-row tile (docs/quantization.md)."""
+    can = bool(_lib().adder_intnet_lanes(channels, kh, kw, LANES[lane]))
+    return can and (path() != "avx512" or amd_cpu())
 
 
 def row_align():
