@@ -29,7 +29,8 @@ from helpers import (
     random_images,
 )
 
-PATHS = {"avx512": "avx512", "avx2": "avx2", "sse2": "sse2", "scalar": "plain C"}  # ISA -> path it reports
+# ISA -> the path it reports; avx512-emulated is the AVX-512 path's code on an AVX2 host (SIMDe's intrinsics)
+PATHS = {"avx512": "avx512", "avx2": "avx2", "sse2": "sse2", "scalar": "plain C", "avx512-emulated": "avx512"}
 
 
 @pytest.fixture(params=list(PATHS))
@@ -39,8 +40,15 @@ def isa(request, monkeypatch):
     name = request.param
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip(f"the {name} path is x86-64 code; this host is {platform.machine()}")
+    if name == "avx512-emulated" and not build.missing_cpu_flags("avx512"):
+        pytest.skip("the avx512 path runs natively on this CPU: no emulation needed")
     for lib in build.SOURCES:
-        build.build_library(lib, name)  # compile check on any x86-64 host (raises BuildError)
+        try:
+            build.build_library(lib, name)  # compile check on any x86-64 host (raises BuildError)
+        except BuildError as e:
+            if name == "avx512-emulated" and "SIMDe" in str(e):
+                pytest.skip("avx512-emulated needs SIMDe's headers (apt install libsimde-dev): docs/testing.md")
+            raise
     missing = build.missing_cpu_flags(name)
     if missing:
         pytest.skip(f"{name} path compiled only: this CPU lacks {', '.join(missing)}")
@@ -191,7 +199,7 @@ def test_both_forms_of_the_subtraction_give_the_same_bits(isa, tmp_path, monkeyp
     """x - w is issued as fma(x, 1, -w) on AMD CPUs and as a plain add of -w on others (adder_cpu.c, "Port
     balance"; build.py defines ADDERNET_SUB_ON_FMA): both round once, so the two builds agree bit for bit in the
     forward and both gradients, NaN and infinity included."""
-    if isa not in ("avx512", "avx2"):
+    if PATHS[isa] not in ("avx512", "avx2"):
         pytest.skip(f"the {isa} path has no FMA instruction: one form only")
     monkeypatch.setenv("ADDERNET_CACHE_DIR", str(tmp_path / "cache"))
     torch.manual_seed(5)
@@ -250,7 +258,7 @@ def test_integer_network_equals_the_float64_reference_on_every_split(isa, bits, 
     # on an AMD CPU; on an Intel one all but the 32-channel 3x3 layers by kernel rows (1; those gather: 0); the
     # other paths always gather
     lanes = {2} if isa == "avx2" or build.amd_cpu() else {0, 1}
-    expected = {"avx2": lanes, "avx512": lanes}.get(isa, {0}) if bits == 8 else {0}
+    expected = {"avx2": lanes, "avx512": lanes}.get(PATHS[isa], {0}) if bits == 8 else {0}
     assert {layer.direct for layer, *_ in net._steps} == expected
     whole = net.features(x)
     single = torch.cat([net.features(x[i : i + 1]) for i in range(3)])
@@ -260,7 +268,7 @@ def test_integer_network_equals_the_float64_reference_on_every_split(isa, bits, 
     assert max_rel_error(net(x), quantised_reference(quantised, x)) < 3e-5
     monkeypatch.setattr(int_cpu, "amd_cpu", lambda: False)  # AVX-512 on an Intel CPU: kernel rows
     rows = IntegerResNet(quantised)
-    assert {layer.direct for layer, *_ in rows._steps} == ({0, 1} if isa == "avx512" and bits == 8 else expected)
+    assert {layer.direct for layer, *_ in rows._steps} == ({0, 1} if PATHS[isa] == "avx512" and bits == 8 else expected)
     assert torch.equal(whole, rows.features(x))
     monkeypatch.setattr(int_cpu, "direct_row", lambda *shape: 0)  # every layer gathered on this path too
     monkeypatch.setattr(int_cpu, "lanes", lambda *shape: False)
@@ -273,7 +281,7 @@ def test_the_integer_network_on_the_other_pixel_tile(isa, tmp_path, monkeypatch)
     """The integer network's tiles hold 4 pixels with AVX-512 and 2 with AVX2 (adder_int.c PT). Built with the other
     count (ADDERNET_INT_PT), the same path gives the same bits: an AVX2 host runs AVX-512's tile shapes, the filters
     across the lanes included, and an AVX-512 host AVX2's."""
-    if isa not in ("avx512", "avx2"):
+    if PATHS[isa] not in ("avx512", "avx2"):
         pytest.skip(f"the {isa} path has no tile with the filters across the lanes")
     quantised = quantised_resnet20(8)
     x = random_images(3, 2)
@@ -289,7 +297,7 @@ def test_the_integer_network_on_the_other_pixel_tile(isa, tmp_path, monkeypatch)
     for amd in (True, False):  # on AVX-512: the lanes and the kernel rows
         monkeypatch.setattr(int_cpu, "amd_cpu", lambda amd=amd: amd)
         net = IntegerResNet(quantised)
-        assert 2 in {layer.direct for layer, *_ in net._steps} or (isa == "avx512" and not amd)
+        assert 2 in {layer.direct for layer, *_ in net._steps} or (PATHS[isa] == "avx512" and not amd)
         assert torch.equal(whole, net.features(x)), (isa, other, amd)
         assert torch.equal(whole[1:2], net.features(x[1:2]))  # one image: its pixels split across the threads
 

@@ -24,7 +24,9 @@ typedef IT FN(ivec_t) __attribute__((vector_size(VBYTES)));
 /* (VEC) 1 hidden from the optimiser, which would otherwise fold fma(a, 1, b) back into a + b. */
 static inline VEC FN(opaque_one)(void) {
     VEC one = (VEC){0} + 1;
-#if defined(VFMA) && ADDERNET_SUB_ON_FMA
+#if defined(VFMA) && ADDERNET_SUB_ON_FMA && defined(ADDERNET_EMULATE_AVX512)
+    __asm__("" : "+m"(one)); /* emulated AVX-512: a 64-byte vector is no register of the AVX2 target */
+#elif defined(VFMA) && ADDERNET_SUB_ON_FMA
     __asm__("" : "+v"(one));
 #endif
     return one;

@@ -15,7 +15,8 @@ native (default: -march=native, the best path this CPU has), or one of avx512, a
 build a lower path than the host's, so that one machine can test every path (scalar is the plain-C
 code other architectures run). A path is compiled on any x86-64 host; loading one whose CPU flags
 this machine lacks raises BuildError naming the missing flag instead of crashing on an illegal
-instruction.
+instruction. avx512-emulated runs the AVX-512 path's code on an AVX2 host, through SIMDe's AVX-512
+intrinsics (emulate_avx512.h): slow, for tests only.
 
 It is built with -fopenmp when the compiler supports it: the library then links libgomp.so.1, and
 the dynamic loader hands it the copy torch already loaded, so the kernels run on torch's own
@@ -55,7 +56,11 @@ ISAS = {
     "avx2": (("-march=x86-64-v3", "-mtune=native"), ("avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe")),
     "sse2": (("-march=x86-64", "-mtune=native"), ("sse2",)),
     "scalar": (("-march=x86-64", "-mtune=native", "-DADDERNET_PLAIN_C"), ()),
+    # the AVX-512 path's code compiled for AVX2 through SIMDe's emulation of the AVX-512 intrinsics: for tests on a
+    # host without AVX-512 (emulate_avx512.h; docs/testing.md)
+    "avx512-emulated": (("-march=x86-64-v3", "-mtune=native", "-DADDERNET_EMULATE_AVX512"), ("avx2", "fma")),
 }
+EMULATION = "emulate_avx512.h"  # a source of the avx512-emulated builds only (an older checkout may lack it)
 OPENMP = ("-fopenmp",)  # tried first; without it the kernels run on a Python thread pool (cpu.py)
 
 
@@ -239,7 +244,7 @@ def build_library(name="adder_cpu", isa=None):
 
 def _build(cc, flags, name="adder_cpu"):
     here = kernel_sources()
-    sources = SOURCES[name]
+    sources = SOURCES[name] + ((EMULATION,) if "-DADDERNET_EMULATE_AVX512" in flags else ())
     key = hashlib.sha256()
     for source in sources:
         key.update((here / source).read_bytes())

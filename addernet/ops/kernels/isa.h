@@ -1,6 +1,7 @@
 /* The instruction set both kernel libraries (adder_cpu.c, adder_int.c) are compiled for, read from the
- * compiler's target: build.py's ADDERNET_CPU_ISA picks the -march flags, and ADDERNET_PLAIN_C forces the
- * portable path that non-x86 machines compile.
+ * compiler's target: build.py's ADDERNET_CPU_ISA picks the -march flags, ADDERNET_PLAIN_C forces the
+ * portable path that non-x86 machines compile, and ADDERNET_EMULATE_AVX512 the AVX-512 path for an AVX2 target
+ * (tests only: emulate_avx512.h).
  *
  *   ISA_LEVEL  4 AVX-512 (F, BW, DQ, VL) with FMA, 3 AVX2 with FMA, 2 SSE2, 1 plain C (GCC vector
  *              extensions only); a level has every instruction of the levels below it
@@ -12,7 +13,9 @@
 #ifndef ADDERNET_ISA_H
 #define ADDERNET_ISA_H
 
-#if defined(ADDERNET_PLAIN_C)
+#if defined(ADDERNET_EMULATE_AVX512) /* the AVX-512 path on an AVX2 host, for tests (emulate_avx512.h) */
+#define ISA_LEVEL 4
+#elif defined(ADDERNET_PLAIN_C)
 #define ISA_LEVEL 1
 #elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && \
     defined(__FMA__)
@@ -29,7 +32,9 @@
 #define ISA_AVX2 (ISA_LEVEL >= 3)
 #define ISA_SSE2 (ISA_LEVEL >= 2)
 
-#if ISA_AVX2
+#if defined(ADDERNET_EMULATE_AVX512)
+#include "emulate_avx512.h"
+#elif ISA_AVX2
 #include <immintrin.h>
 #elif ISA_SSE2
 #include <emmintrin.h>
