@@ -25,6 +25,7 @@
  * 1.10-1.22x as fast in one run and 0.91-1.03x in another, and the compiler no longer spilled x to the stack.
  * Do not build with -ffast-math: on many GCC versions a -ffast-math shared object sets flush-to-zero for the whole
  * process when loaded. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +48,7 @@
 #define GIN_P 8
 #else
 #define FWD_P1 12
-#define FWD_P2 6
+#define FWD_P2 5
 #define GIN_P 4
 #endif
 

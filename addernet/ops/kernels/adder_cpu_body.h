@@ -17,8 +17,17 @@ typedef IT FN(ivec_t) __attribute__((vector_size(VBYTES)));
 
 #if defined(VFMA) && ADDERNET_SUB_ON_FMA /* a + nb (nb = -b) as fma(a, one, nb): same rounding, on the FMA pipes */
 #define VSUBN(a, nb, one) VFMA(a, one, nb)
+#define VACC(acc, m, one) VFMA(m, one, acc) /* acc + m on the FMA pipes */
 #else
 #define VSUBN(a, nb, one) ((a) + (nb))
+#define VACC(acc, m, one) ((acc) + (m))
+#endif
+
+/* The forward sums min(x, w) where a vector min instruction exists (AVX2, AVX-512): see fwd_tile. */
+#if defined(VFMA)
+#define FWD_MIN 1
+#else
+#define FWD_MIN 0
 #endif
 
 /* (VEC) 1 hidden from the optimiser, which would otherwise fold fma(a, 1, b) back into a + b. */
@@ -122,12 +131,15 @@ static int64_t *FN(pixel_offsets)(const adder_geometry *s, int64_t rs, int64_t p
     return xo;
 }
 
-/* Forward micro-kernel: acc[p][v] = sum_{i,j,c} |x - w| for P pixels x V*VL output channels,
- * from the negated weights nw = -w. The abs-difference is accumulated directly (sub, abs, add):
- * the cheaper rewrite 2 max(x, w) - x - w cancels large sums and loses ~10x float32 accuracy. */
+/* Forward micro-kernel for P pixels x V*VL output channels of the weight w: with MINF, acc[p][v] = sum_{i,j,c}
+ * min(x, w), which fwd_combine turns into -sum |x - w| = 2 sum min(x, w) - sum x - sum w; else acc[p][v] = sum_{i,j,c}
+ * |x - w| (sub, abs, add). A min and an add per term, one on each pair of pipes (VACC: the add on the FMA pipes of an
+ * AMD core), against a sub, an and and an add: the forward of ResNet-20's 3x3 layers ran 1.25-1.44x as fast on a Zen 3
+ * (docs/adder_layer.md). min(x, w) is exact, so the rewrite's float32 error stays within a small factor of the direct
+ * sum's where x is large against w (post-ReLU inputs), which 2 max(x, w) - x - w does not. */
 static inline __attribute__((always_inline)) void FN(fwd_tile)(
     const T *buf, const int64_t *off, const T *wt, const adder_geometry *s, int64_t ob, VEC (*out)[2],
-    const int P, const int V, const int64_t cs, const int64_t di, const int64_t dj) {
+    const int P, const int V, const int64_t cs, const int64_t di, const int64_t dj, const int MINF) {
     const int64_t Cg = s->Cg, kh = s->kh, kw = s->kw;
     VEC acc[FWD_P1][2];
     const VEC one = FN(opaque_one)();
@@ -149,14 +161,18 @@ static inline __attribute__((always_inline)) void FN(fwd_tile)(
 #pragma GCC unroll 2
                     for (int v = 0; v < V; v++) acc[p][v] = (VEC){0};
                 for (int64_t c = c0; c < c1; c++) {
-                    VEC wv[2];
+                    VEC wv[2]; /* w, or -w for the direct form's x + (-w) (fma(x, 1, -w) on AMD: "Port balance") */
 #pragma GCC unroll 2
-                    for (int v = 0; v < V; v++) wv[v] = FN(ld)(wb + (c * V + v) * VL);
+                    for (int v = 0; v < V; v++) wv[v] = FWD_MIN && MINF ? FN(ld)(wb + (c * V + v) * VL) : -FN(ld)(wb + (c * V + v) * VL);
 #pragma GCC unroll 32
                     for (int p = 0; p < P; p++) {
                         const VEC xv = xb[off[p] + c * cs] - (VEC){0}; /* broadcast (x - 0 folds away) */
 #pragma GCC unroll 2
-                        for (int v = 0; v < V; v++) acc[p][v] += FN(vabs)(VSUBN(xv, wv[v], one));
+                        for (int v = 0; v < V; v++)
+                            if (FWD_MIN && MINF) /* x is the second operand: a NaN in x stays NaN */
+                                acc[p][v] = VACC(acc[p][v], VMIN(wv[v], xv), one);
+                            else
+                                acc[p][v] += FN(vabs)(VSUBN(xv, wv[v], one));
                     }
                 }
 #pragma GCC unroll 32
@@ -198,19 +214,97 @@ static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *t
 
 /* The forward's tiles for a channel stride other than 1 (an image read plane by plane), out of line: inlined beside
  * the channels-last tiles they cost those 8-10% with AVX2 code (register allocation of the shared function). */
-static __attribute__((noinline)) void FN(fwd_tile_planes1)(const T *buf, const int64_t *off, const T *wt,
-                                                           const adder_geometry *s, int64_t ob, VEC (*out)[2],
-                                                           const int64_t cs, const int64_t di, const int64_t dj) {
-    FN(fwd_tile)(buf, off, wt, s, ob, out, FWD_P1, 1, cs, di, dj);
+#define FWD_PLANES(name, P, V, MINF)                                                                                   \
+    static __attribute__((noinline)) void FN(name)(const T *buf, const int64_t *off, const T *wt,                      \
+                                                   const adder_geometry *s, int64_t ob, VEC (*out)[2], const int64_t cs, \
+                                                   const int64_t di, const int64_t dj) {                               \
+        FN(fwd_tile)(buf, off, wt, s, ob, out, P, V, cs, di, dj, MINF);                                                \
+    }
+FWD_PLANES(fwd_tile_planes1, FWD_P1, 1, 0)
+FWD_PLANES(fwd_tile_planes2, FWD_P2, 2, 0)
+#if FWD_MIN
+FWD_PLANES(fwd_tile_planes1_min, FWD_P1, 1, 1)
+FWD_PLANES(fwd_tile_planes2_min, FWD_P2, 2, 1)
+#endif
+#undef FWD_PLANES
+
+/* A MINF tile's sums of min(x, w) -> sum x + sum w - 2 sum min(x, w) = sum |x - w| (fwd_tile_store negates it), from
+ * the pixels' patch sums sx and the block's weight sums sw. */
+static inline void FN(fwd_combine)(VEC (*acc)[2], int P, int V, const T *sx, const T *sw) {
+    for (int p = 0; p < P; p++)
+        for (int v = 0; v < V; v++) acc[p][v] = (sx[p] + FN(ld)(sw + v * VL)) - (acc[p][v] + acc[p][v]);
 }
 
-static __attribute__((noinline)) void FN(fwd_tile_planes2)(const T *buf, const int64_t *off, const T *wt,
-                                                           const adder_geometry *s, int64_t ob, VEC (*out)[2],
-                                                           const int64_t cs, const int64_t di, const int64_t dj) {
-    FN(fwd_tile)(buf, off, wt, s, ob, out, FWD_P2, 2, cs, di, dj);
+/* sx[q - q0] = the sum of output pixel q's patch (every tap and channel of the group, the zero border included) for
+ * q0 <= q < q1, then the last one repeated FWD_P1 times (a tile's pixels past q1 repeat it too), through the sum over
+ * the group's channels of each pixel of the image read (col, Hr x Wr pixels with strides cs, rs, ps), in double and in
+ * the same order for either layout (channel by channel, then tap by tap), so both give the same bits; row is scratch
+ * for Wo doubles. */
+static void FN(patch_sums)(const T *bg, int64_t cs, int64_t rs, int64_t ps, int64_t Hr, int64_t Wr,
+                           const adder_geometry *s, int64_t q0, int64_t q1, double *col, double *row, T *sx) {
+    const int64_t Cg = s->Cg, Wo = s->Wo;
+    if (cs == 1) /* channels-last: a pixel's channels are a run */
+        for (int64_t h = 0; h < Hr; h++)
+            for (int64_t w = 0; w < Wr; w++) {
+                const T *px = bg + h * rs + w * ps;
+                double t = px[0];
+                for (int64_t c = 1; c < Cg; c++) t += px[c];
+                col[h * Wr + w] = t;
+            }
+    else /* planes: a row of a plane at a time */
+        for (int64_t h = 0; h < Hr; h++) {
+            double *o = col + h * Wr;
+            const T *r = bg + h * rs;
+            for (int64_t w = 0; w < Wr; w++) o[w] = r[w * ps];
+            for (int64_t c = 1; c < Cg; c++)
+                for (int64_t w = 0; w < Wr; w++) o[w] += r[c * cs + w * ps];
+        }
+    for (int64_t q = q0; q < q1;) { /* along output rows */
+        const int64_t oy = q / Wo, ox0 = q % Wo, n = Wo - ox0 < q1 - q ? Wo - ox0 : q1 - q;
+        for (int64_t k = 0; k < n; k++) row[k] = 0;
+        for (int64_t i = 0; i < s->kh; i++)
+            for (int64_t j = 0; j < s->kw; j++) {
+                const double *c0 = col + (oy * s->sh + i * s->dh) * Wr + ox0 * s->sw + j * s->dw;
+                for (int64_t k = 0; k < n; k++) row[k] += c0[k * s->sw];
+            }
+        for (int64_t k = 0; k < n; k++) sx[q - q0 + k] = (T)row[k];
+        q += n;
+    }
+    for (int64_t k = 0; k < FWD_P1; k++) sx[q1 - q0 + k] = sx[q1 - q0 - 1];
 }
 
-/* y[n0:n1, groups g0:g1, pixels q0:q1] = -sum |xpad - w|. wt is the NEGATED weight -w (one per image with wimg) packed
+/* sw[o] = sum_k w[o, k] for the Opad output channels of one group's packed weight wg (blocks of 2*VL channels, the
+ * last one VL wide when Opad is an odd multiple of VL, each [K][block width]), in double. Returns 1 when every sum is
+ * finite. */
+static int FN(weight_sums)(const T *wg, int64_t K, int64_t Opad, double *acc, T *sw) {
+    int finite = 1;
+    for (int64_t ob = 0; ob < Opad;) {
+        const int64_t width = ob + 2 * VL <= Opad ? 2 * VL : VL;
+        const T *b = wg + ob * K;
+        for (int64_t l = 0; l < width; l++) acc[l] = 0;
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t l = 0; l < width; l++) acc[l] += b[k * width + l];
+        for (int64_t l = 0; l < width; l++) {
+            sw[ob + l] = (T)acc[l];
+            finite &= isfinite(sw[ob + l]) != 0;
+        }
+        ob += width;
+    }
+    return finite;
+}
+
+/* Layers that take the min form: those with more than one tap. A 1x1 layer's patch sums cost as much as the min form
+ * saves (ResNet-20's 1x1 stride-2 shortcuts ran 0.71-0.73x as fast with it, Zen 3). */
+#define MIN_FORM(s) ((s)->kh * (s)->kw > 1)
+
+/* 1 when sx[0..n) are all finite. */
+static inline int FN(finite_run)(const T *sx, int64_t n) {
+    int finite = 1;
+    for (int64_t k = 0; k < n; k++) finite &= isfinite(sx[k]) != 0;
+    return finite;
+}
+
+/* y[n0:n1, groups g0:g1, pixels q0:q1] = -sum |xpad - w|. wt is the weight w (one per image with wimg) packed
  * per group as blocks of 2*VL output channels (the last block VL wide when Opad is an odd multiple of VL), each block
  * [kh][kw][Cg][block width] and starting at element ob*K of the group (zero in Og..Opad-1); y is written through
  * strides ys. Only a tile's broadcasts touch x, so any layout serves: a layer without padding reads x in place through
@@ -232,9 +326,15 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
     const int64_t cs = !copy ? xs[1] : planes ? Hp * Wp : 1;
     const int64_t ps = !copy ? xs[3] : planes ? 1 : C, rs = !copy ? xs[2] : planes ? Wp : Wp * C;
     const size_t img = copy ? (size_t)(Hp * Wp * C) : 0;
+    const int64_t Hr = copy ? Hp : s->H, Wr = copy ? Wp : s->W; /* the pixels of the image read */
     T *buf = calloc(img + 16, sizeof(T)); /* zero: the copy's border stays so */
     int64_t *xo = FN(pixel_offsets)(s, rs, ps, ys, FWD_P1);
-    if (!buf || !xo) { free(buf); free(xo); return 1; }
+    /* the min form's sums: each pixel's over its channels (col), each output pixel's over its patch (sx), each output
+     * channel's over its weights (sw; and sacc, 2*VL lanes summed) */
+    double *col = FWD_MIN ? malloc(sizeof(double) * (size_t)(Hr * Wr + 2 * VL + s->Wo)) : NULL;
+    double *sacc = col ? col + Hr * Wr : NULL, *orow = col ? sacc + 2 * VL : NULL;
+    T *sx = FWD_MIN ? malloc(sizeof(T) * (size_t)(L + FWD_P1 + Opad)) : NULL, *sw = sx ? sx + L + FWD_P1 : NULL;
+    if (!buf || !xo || (FWD_MIN && (!col || !sx))) { free(buf); free(xo); free(col); free(sx); return 1; }
     const int64_t *to = xo + L + FWD_P1, di = s->dh * rs, dj = s->dw * ps;
     VEC acc[FWD_P1][2];
     for (int64_t n = n0; n < n1; n++) {
@@ -243,25 +343,61 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
         for (int64_t g = g0; g < g1; g++) {
             const T *wg = wt + (s->wimg * n * G + g) * K * Opad, *bg = img_n + g * Cg * cs;
             T *yg = y + n * ys[0] + g * (s->ygs ? s->ygs : Og * ys[1]);
+            /* the min form where the sums of x and w are finite (else an infinity would cancel into NaN), per tile */
+            const int min_form = FWD_MIN && MIN_FORM(s);
+            int wfin = 0, xfin = 0;
+            if (min_form) {
+                wfin = FN(weight_sums)(wg, K, Opad, sacc, sw);
+                FN(patch_sums)(bg, cs, rs, ps, Hr, Wr, s, q0, q1, col, orow, sx);
+                xfin = FN(finite_run)(sx, q1 - q0);
+            }
             int64_t ob = 0;
-            for (; ob + 2 * VL <= Opad; ob += 2 * VL)
+            for (; ob + 2 * VL <= Opad; ob += 2 * VL) {
+                const int bfin = min_form && (wfin || FN(finite_run)(sw + ob, 2 * VL));
                 for (int64_t q = q0; q < q1; q += FWD_P2) {
+                    const int minf = bfin && (xfin || FN(finite_run)(sx + (q - q0), FWD_P2));
+#if FWD_MIN
+                    if (minf) {
+                        if (cs == 1)
+                            FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P2, 2, 1, di, dj, 1);
+                        else
+                            FN(fwd_tile_planes2_min)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
+                        FN(fwd_combine)(acc, FWD_P2, 2, sx + (q - q0), sw + ob);
+                    } else
+#endif
                     if (cs == 1)
-                        FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P2, 2, 1, di, dj);
+                        FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P2, 2, 1, di, dj, 0);
                     else
                         FN(fwd_tile_planes2)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
+                    (void)minf;
                     FN(fwd_tile_store)(acc, 2, q1 - q < FWD_P2 ? q1 - q : FWD_P2, to + q, yg, ys, s, ob);
                 }
-            for (; ob < Opad; ob += VL)
+            }
+            for (; ob < Opad; ob += VL) {
+                const int bfin = min_form && (wfin || FN(finite_run)(sw + ob, VL));
                 for (int64_t q = q0; q < q1; q += FWD_P1) {
+                    const int minf = bfin && (xfin || FN(finite_run)(sx + (q - q0), FWD_P1));
+#if FWD_MIN
+                    if (minf) {
+                        if (cs == 1)
+                            FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P1, 1, 1, di, dj, 1);
+                        else
+                            FN(fwd_tile_planes1_min)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
+                        FN(fwd_combine)(acc, FWD_P1, 1, sx + (q - q0), sw + ob);
+                    } else
+#endif
                     if (cs == 1)
-                        FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P1, 1, 1, di, dj);
+                        FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P1, 1, 1, di, dj, 0);
                     else
                         FN(fwd_tile_planes1)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
+                    (void)minf;
                     FN(fwd_tile_store)(acc, 1, q1 - q < FWD_P1 ? q1 - q : FWD_P1, to + q, yg, ys, s, ob);
                 }
+            }
         }
     }
+    free(sx);
+    free(col);
     free(xo);
     free(buf);
     return 0;
@@ -423,3 +559,5 @@ int FN(adder_grad_input_ranges)(const T *x, const int64_t *xs, const T *w2, cons
 #undef VEC
 #undef IVEC
 #undef VSUBN
+#undef VACC
+#undef FWD_MIN
