@@ -148,6 +148,33 @@ def test_nan_gives_the_gradients_of_the_definition(isa, dtype, layout, monkeypat
                     _assert_same(a, r, dtype, f"NaN {where} {at}, {name}, {isa} {n, cin, k}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_infinities_give_the_forward_of_the_definition(isa, dtype, monkeypatch):
+    """-sum |x - w| with an infinite input or weight is -inf, and NaN where infinities of one sign meet (inf - inf).
+    The forward sums min(x, w) and subtracts the patch's and the weights' sums, where an infinity would cancel into
+    NaN: a tile whose sums are not finite takes the direct form. Against the unfold reference, per element."""
+    torch.manual_seed(6)
+    for n, cin, cout, h, wd, k, s, p, d, g in FLOAT_CASES:
+        conf = (s, p, d, g)
+        for where, at, value in (
+            ("input", (0, 1, 2, 2), float("-inf")),
+            ("input", (0, 0, 1, 1), float("inf")),
+            ("weight", (1, 0, k[0] - 1, 0), float("-inf")),
+            ("weight", (0, 0, 0, 0), float("inf")),
+        ):
+            x = torch.randn(n, cin, h, wd, dtype=torch.float64)
+            w = torch.randn(cout, cin // g, *k, dtype=torch.float64)
+            (x if where == "input" else w)[at] = value
+            monkeypatch.setenv("ADDERNET_BACKEND", "reference")
+            want = adder2d(x, w, None, *conf)
+            assert want.isinf().any(), f"{where} {at}: the case puts no infinity in the reference"
+            monkeypatch.setenv("ADDERNET_BACKEND", "fast")
+            got = adder2d(x.to(dtype), w.to(dtype), None, *conf).double()
+            assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf()), (where, at, isa)
+            finite = want.isfinite()
+            torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-4 * want[finite].abs().max())
+
+
 def _with_nan(t, at):
     t = t.clone()
     if at is not None:

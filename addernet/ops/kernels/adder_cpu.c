@@ -45,10 +45,13 @@
 #if NREG == 32
 #define FWD_P1 12 /* V = 1 */
 #define FWD_P2 8  /* V = 2 */
+#define FWD_P2M 8 /* V = 2, the min form */
 #define GIN_P 8
 #else
 #define FWD_P1 12
-#define FWD_P2 5
+#define FWD_P2 6
+#define FWD_P2M 5 /* 10 accumulators, the 2 weight vectors, x, a min and the constant 1: 6 pixels spilled an accumulator
+                   * to the stack, a chain through memory every channel step */
 #define GIN_P 4
 #endif
 

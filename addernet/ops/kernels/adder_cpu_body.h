@@ -131,15 +131,20 @@ static int64_t *FN(pixel_offsets)(const adder_geometry *s, int64_t rs, int64_t p
     return xo;
 }
 
-/* Forward micro-kernel for P pixels x V*VL output channels of the weight w: with MINF, acc[p][v] = sum_{i,j,c}
- * min(x, w), which fwd_combine turns into -sum |x - w| = 2 sum min(x, w) - sum x - sum w; else acc[p][v] = sum_{i,j,c}
- * |x - w| (sub, abs, add). A min and an add per term, one on each pair of pipes (VACC: the add on the FMA pipes of an
+#define FWD_DIRECT 0     /* the direct form, weights packed negated */
+#define FWD_MIN_SUMS 1   /* the min form, weights packed as they are */
+#define FWD_DIRECT_POS 2 /* the direct form, weights packed as they are */
+
+/* Forward micro-kernel for P pixels x V*VL output channels of the packed weight: in MODE FWD_MIN_SUMS (weights w),
+ * acc[p][v] = sum_{i,j,c} min(x, w), which fwd_combine turns into -sum |x - w| = 2 sum min(x, w) - sum x - sum w; in
+ * FWD_DIRECT (weights -w) and FWD_DIRECT_POS (weights w: a min-form layer's tile whose sums are not finite),
+ * acc[p][v] = sum_{i,j,c} |x - w| (sub, abs, add). A min and an add per term, one on each pair of pipes (VACC: the add on the FMA pipes of an
  * AMD core), against a sub, an and and an add: the forward of ResNet-20's 3x3 layers ran 1.25-1.44x as fast on a Zen 3
  * (docs/adder_layer.md). min(x, w) is exact, so the rewrite's float32 error stays within a small factor of the direct
  * sum's where x is large against w (post-ReLU inputs), which 2 max(x, w) - x - w does not. */
 static inline __attribute__((always_inline)) void FN(fwd_tile)(
     const T *buf, const int64_t *off, const T *wt, const adder_geometry *s, int64_t ob, VEC (*out)[2],
-    const int P, const int V, const int64_t cs, const int64_t di, const int64_t dj, const int MINF) {
+    const int P, const int V, const int64_t cs, const int64_t di, const int64_t dj, const int MODE) {
     const int64_t Cg = s->Cg, kh = s->kh, kw = s->kw;
     VEC acc[FWD_P1][2];
     const VEC one = FN(opaque_one)();
@@ -163,13 +168,16 @@ static inline __attribute__((always_inline)) void FN(fwd_tile)(
                 for (int64_t c = c0; c < c1; c++) {
                     VEC wv[2]; /* w, or -w for the direct form's x + (-w) (fma(x, 1, -w) on AMD: "Port balance") */
 #pragma GCC unroll 2
-                    for (int v = 0; v < V; v++) wv[v] = FWD_MIN && MINF ? FN(ld)(wb + (c * V + v) * VL) : -FN(ld)(wb + (c * V + v) * VL);
+                    for (int v = 0; v < V; v++) {
+                        wv[v] = FN(ld)(wb + (c * V + v) * VL);
+                        if (MODE == FWD_DIRECT_POS) wv[v] = -wv[v];
+                    }
 #pragma GCC unroll 32
                     for (int p = 0; p < P; p++) {
                         const VEC xv = xb[off[p] + c * cs] - (VEC){0}; /* broadcast (x - 0 folds away) */
 #pragma GCC unroll 2
                         for (int v = 0; v < V; v++)
-                            if (FWD_MIN && MINF) /* x is the second operand: a NaN in x stays NaN */
+                            if (FWD_MIN && MODE == FWD_MIN_SUMS) /* x is the second operand: a NaN in x stays NaN */
                                 acc[p][v] = VACC(acc[p][v], VMIN(wv[v], xv), one);
                             else
                                 acc[p][v] += FN(vabs)(VSUBN(xv, wv[v], one));
@@ -220,11 +228,19 @@ static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *t
                                                    const int64_t di, const int64_t dj) {                               \
         FN(fwd_tile)(buf, off, wt, s, ob, out, P, V, cs, di, dj, MINF);                                                \
     }
-FWD_PLANES(fwd_tile_planes1, FWD_P1, 1, 0)
-FWD_PLANES(fwd_tile_planes2, FWD_P2, 2, 0)
+FWD_PLANES(fwd_tile_planes1, FWD_P1, 1, FWD_DIRECT)
+FWD_PLANES(fwd_tile_planes2, FWD_P2, 2, FWD_DIRECT)
 #if FWD_MIN
-FWD_PLANES(fwd_tile_planes1_min, FWD_P1, 1, 1)
-FWD_PLANES(fwd_tile_planes2_min, FWD_P2, 2, 1)
+FWD_PLANES(fwd_tile_planes1_min, FWD_P1, 1, FWD_MIN_SUMS)
+FWD_PLANES(fwd_tile_planes2_min, FWD_P2M, 2, FWD_MIN_SUMS)
+FWD_PLANES(fwd_tile_planes1_pos, FWD_P1, 1, FWD_DIRECT_POS)
+FWD_PLANES(fwd_tile_planes2_pos, FWD_P2, 2, FWD_DIRECT_POS)
+/* and the channels-last tiles of the min form, out of line too: inlined as well, they slowed the direct form's
+ * channels-last tiles (AdderLinear's) by 6-10% */
+FWD_PLANES(fwd_tile_last1_min, FWD_P1, 1, FWD_MIN_SUMS)
+FWD_PLANES(fwd_tile_last2_min, FWD_P2M, 2, FWD_MIN_SUMS)
+FWD_PLANES(fwd_tile_last1_pos, FWD_P1, 1, FWD_DIRECT_POS)
+FWD_PLANES(fwd_tile_last2_pos, FWD_P2, 2, FWD_DIRECT_POS)
 #endif
 #undef FWD_PLANES
 
@@ -297,6 +313,9 @@ static int FN(weight_sums)(const T *wg, int64_t K, int64_t Opad, double *acc, T 
  * saves (ResNet-20's 1x1 stride-2 shortcuts ran 0.71-0.73x as fast with it, Zen 3). */
 #define MIN_FORM(s) ((s)->kh * (s)->kw > 1)
 
+/* 1 when the forward of this layer takes the min form: its weights are then packed as they are, else negated. */
+int FN(adder_forward_min_form)(const adder_geometry *s) { return FWD_MIN && MIN_FORM(s); }
+
 /* 1 when sx[0..n) are all finite. */
 static inline int FN(finite_run)(const T *sx, int64_t n) {
     int finite = 1;
@@ -304,7 +323,8 @@ static inline int FN(finite_run)(const T *sx, int64_t n) {
     return finite;
 }
 
-/* y[n0:n1, groups g0:g1, pixels q0:q1] = -sum |xpad - w|. wt is the weight w (one per image with wimg) packed
+/* y[n0:n1, groups g0:g1, pixels q0:q1] = -sum |xpad - w|. wt is the weight w (one per image with wimg), negated when
+ * the layer does not take the min form (adder_forward_min_form), packed
  * per group as blocks of 2*VL output channels (the last block VL wide when Opad is an odd multiple of VL), each block
  * [kh][kw][Cg][block width] and starting at element ob*K of the group (zero in Og..Opad-1); y is written through
  * strides ys. Only a tile's broadcasts touch x, so any layout serves: a layer without padding reads x in place through
@@ -354,43 +374,48 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
             int64_t ob = 0;
             for (; ob + 2 * VL <= Opad; ob += 2 * VL) {
                 const int bfin = min_form && (wfin || FN(finite_run)(sw + ob, 2 * VL));
-                for (int64_t q = q0; q < q1; q += FWD_P2) {
-                    const int minf = bfin && (xfin || FN(finite_run)(sx + (q - q0), FWD_P2));
+                for (int64_t q = q0, P; q < q1; q += P) {
+                    const int mode = !min_form ? FWD_DIRECT
+                                     : bfin && (xfin || FN(finite_run)(sx + (q - q0), FWD_P2M)) ? FWD_MIN_SUMS
+                                                                                              : FWD_DIRECT_POS;
+                    P = mode == FWD_MIN_SUMS ? FWD_P2M : FWD_P2;
+                    if (mode == FWD_DIRECT) {
+                        if (cs == 1) FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P2, 2, 1, di, dj, FWD_DIRECT);
+                        else FN(fwd_tile_planes2)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
+                    }
 #if FWD_MIN
-                    if (minf) {
-                        if (cs == 1)
-                            FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P2, 2, 1, di, dj, 1);
-                        else
-                            FN(fwd_tile_planes2_min)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
-                        FN(fwd_combine)(acc, FWD_P2, 2, sx + (q - q0), sw + ob);
-                    } else
-#endif
-                    if (cs == 1)
-                        FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P2, 2, 1, di, dj, 0);
+                    else if (mode == FWD_MIN_SUMS) {
+                        if (cs == 1) FN(fwd_tile_last2_min)(bg, xo + q, wg, s, ob, acc, 1, di, dj);
+                        else FN(fwd_tile_planes2_min)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
+                        FN(fwd_combine)(acc, FWD_P2M, 2, sx + (q - q0), sw + ob);
+                    } else if (cs == 1)
+                        FN(fwd_tile_last2_pos)(bg, xo + q, wg, s, ob, acc, 1, di, dj);
                     else
-                        FN(fwd_tile_planes2)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
-                    (void)minf;
-                    FN(fwd_tile_store)(acc, 2, q1 - q < FWD_P2 ? q1 - q : FWD_P2, to + q, yg, ys, s, ob);
+                        FN(fwd_tile_planes2_pos)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
+#endif
+                    FN(fwd_tile_store)(acc, 2, q1 - q < P ? q1 - q : P, to + q, yg, ys, s, ob);
                 }
             }
             for (; ob < Opad; ob += VL) {
                 const int bfin = min_form && (wfin || FN(finite_run)(sw + ob, VL));
                 for (int64_t q = q0; q < q1; q += FWD_P1) {
-                    const int minf = bfin && (xfin || FN(finite_run)(sx + (q - q0), FWD_P1));
+                    const int mode = !min_form ? FWD_DIRECT
+                                     : bfin && (xfin || FN(finite_run)(sx + (q - q0), FWD_P1)) ? FWD_MIN_SUMS
+                                                                                             : FWD_DIRECT_POS;
+                    if (mode == FWD_DIRECT) {
+                        if (cs == 1) FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P1, 1, 1, di, dj, FWD_DIRECT);
+                        else FN(fwd_tile_planes1)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
+                    }
 #if FWD_MIN
-                    if (minf) {
-                        if (cs == 1)
-                            FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P1, 1, 1, di, dj, 1);
-                        else
-                            FN(fwd_tile_planes1_min)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
+                    else if (mode == FWD_MIN_SUMS) {
+                        if (cs == 1) FN(fwd_tile_last1_min)(bg, xo + q, wg, s, ob, acc, 1, di, dj);
+                        else FN(fwd_tile_planes1_min)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
                         FN(fwd_combine)(acc, FWD_P1, 1, sx + (q - q0), sw + ob);
-                    } else
-#endif
-                    if (cs == 1)
-                        FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P1, 1, 1, di, dj, 0);
+                    } else if (cs == 1)
+                        FN(fwd_tile_last1_pos)(bg, xo + q, wg, s, ob, acc, 1, di, dj);
                     else
-                        FN(fwd_tile_planes1)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
-                    (void)minf;
+                        FN(fwd_tile_planes1_pos)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
+#endif
                     FN(fwd_tile_store)(acc, 1, q1 - q < FWD_P1 ? q1 - q : FWD_P1, to + q, yg, ys, s, ob);
                 }
             }

@@ -32,6 +32,7 @@ FUNCTIONS = {"adder_vbytes": (ctypes.c_int, ())}
 for _suf in _KERNEL_DTYPES.values():
     FUNCTIONS |= {
         "adder_forward" + _suf: (ctypes.c_int, (_P, _P, _P, _P, _P, _GEOM, *[_I64] * 6)),
+        "adder_forward_min_form" + _suf: (ctypes.c_int, (_GEOM,)),
         "adder_grad_input" + _suf: (ctypes.c_int, (_P, _P, _P, _P, _P, _P, _P, _GEOM, _P, *[_I64] * 5)),
         "adder_forward_ranges" + _suf: (ctypes.c_int, (_P, _P, _P, _P, _P, _GEOM, _P, _I64, ctypes.c_int)),
         "adder_grad_input_ranges" + _suf: (
@@ -117,12 +118,13 @@ def _pointwise_view(x, w, stride, padding):
     return x[:, :, :: stride[0], :: stride[1]]
 
 
-def _pack_forward(w, opad, vl, group_dims=1):
+def _pack_forward(w, opad, vl, negate, group_dims=1):
     """w (*G, *k, Og), G the first group_dims dimensions: each group's weight as an array k of Og output channels
     (k: the taps and input channels in the order the kernel steps through them) -> the weight packed per group in
-    blocks of 2*vl output channels, [k][block] each, zero in Og..Opad-1 (adder_cpu.c), (prod G, K*Opad). One pass
-    over w when Og is a multiple of vl (a 512->512 3x3 weight: 2.4 ms, against 30 ms in five passes, on a Sapphire
-    Rapids-class Xeon, 1 thread)."""
+    blocks of 2*vl output channels, [k][block] each, zero in Og..Opad-1 (adder_cpu.c), (prod G, K*Opad); negated with
+    `negate` (a layer whose forward takes the direct form computes x - w as x + (-w), or fma(x, 1, -w) on AMD cores;
+    one that takes the min form sums min(x, w): adder_forward_min_form). One pass over w when Og is a multiple of vl
+    (a 512->512 3x3 weight: 2.4 ms, against 30 ms in five passes, on a Sapphire Rapids-class Xeon, 1 thread)."""
     w = w.detach()
     if w.shape[-1] < opad:
         w = F.pad(w, (0, opad - w.shape[-1]))
@@ -130,9 +132,10 @@ def _pack_forward(w, opad, vl, group_dims=1):
     k = math.prod(taps)
     out = torch.empty(math.prod(groups), k * opad, dtype=w.dtype)
     blocks = w[..., :full].unflatten(-1, (full // (2 * vl), 2 * vl)).movedim(-2, group_dims)  # (*G, blocks, *k, 2vl)
-    out[:, : k * full].view(*groups, full // (2 * vl), *taps, 2 * vl).copy_(blocks)
+    move = torch.neg if negate else lambda src, out: out.copy_(src)
+    move(blocks, out=out[:, : k * full].view(*groups, full // (2 * vl), *taps, 2 * vl))
     if full < opad:
-        out[:, k * full :].view(*groups, *taps, opad - full).copy_(w[..., full:])
+        move(w[..., full:], out=out[:, k * full :].view(*groups, *taps, opad - full))
     return out
 
 
@@ -161,7 +164,8 @@ def forward(x, w, stride, padding, dilation, groups):
     xk, wk = x.to(dt), w.to(dt)
     s = _geometry(xk, wk, stride, padding, dilation, groups, cpad=False)
     per_group = wk.reshape(groups, s.Og, s.Cg, s.kh, s.kw)
-    wt = _pack_forward(per_group.permute(0, 3, 4, 2, 1), s.Opad, _lib().adder_vbytes() // xk.element_size())
+    negate = not getattr(_lib(), "adder_forward_min_form" + _KERNEL_DTYPES[dt])(s)
+    wt = _pack_forward(per_group.permute(0, 3, 4, 2, 1), s.Opad, _lib().adder_vbytes() // xk.element_size(), negate)
     y = torch.empty(s.N, w.shape[0], s.Ho, s.Wo, dtype=dt, memory_format=output_format(x))
     if y.numel() == 0:
         return y.to(x.dtype)
@@ -252,7 +256,8 @@ def scores(q, k):
     nk = k.shape[2]
     x, kk = _images(q.to(dt)), k.to(dt)
     s = _scores_geometry(x, h, nk, cpad=False)
-    wt = _pack_forward(kk.transpose(2, 3), s.Opad, _lib().adder_vbytes() // x.element_size(), group_dims=2)
+    negate = not getattr(_lib(), "adder_forward_min_form" + _KERNEL_DTYPES[dt])(s)
+    wt = _pack_forward(kk.transpose(2, 3), s.Opad, _lib().adder_vbytes() // x.element_size(), negate, group_dims=2)
     y = torch.empty(b, h, nq, nk, dtype=dt)
     if y.numel():
         args = (x.data_ptr(), _arr(x.stride()), wt.data_ptr(), y.data_ptr(), _arr((h * nq * nk, 1, nk, 1)), s)
