@@ -119,8 +119,9 @@ def test_fast_strided_pointwise_layer_is_the_same_from_nchw_and_channels_last(st
 
 def test_fast_float32_rounding_matches_the_reference(backend_env):
     """float32 error of the fast path, measured against float64, stays within a small factor of
-    the unfold reference's own float32 error (a long sequential sum, or rewrites such as
-    |x - w| = 2 max(x, w) - x - w, are ~10x worse and compound through BatchNorm in a network)."""
+    the unfold reference's own float32 error (a long sequential sum, or a rewrite such as
+    clamp(w - x) = clamp(w, x - 1, x + 1) - x, is ~10x worse and compounds through BatchNorm in a network). The
+    offset inputs make sum x large: the bound the forward's sum of min(x, w) (adder_cpu_body.h) must keep."""
     torch.manual_seed(3)
     x = torch.randn(2, 128, 8, 8, dtype=torch.float64) + 2  # offset inputs: large |x - w| sums
     w = torch.randn(32, 128, 3, 3, dtype=torch.float64)
