@@ -138,9 +138,9 @@ static int64_t *FN(pixel_offsets)(const adder_geometry *s, int64_t rs, int64_t p
 /* Forward micro-kernel for P pixels x V*VL output channels of the packed weight: in MODE FWD_MIN_SUMS (weights w),
  * acc[p][v] = sum_{i,j,c} min(x, w), which fwd_combine turns into -sum |x - w| = 2 sum min(x, w) - sum x - sum w; in
  * FWD_DIRECT (weights -w) and FWD_DIRECT_POS (weights w: a min-form layer's tile whose sums are not finite),
- * acc[p][v] = sum_{i,j,c} |x - w| (sub, abs, add). A min and an add per term, one on each pair of pipes (VACC: the add on the FMA pipes of an
- * AMD core), against a sub, an and and an add: the forward of ResNet-20's 3x3 layers ran 1.25-1.44x as fast on a Zen 3
- * (docs/adder_layer.md). min(x, w) is exact, so the rewrite's float32 error stays within a small factor of the direct
+ * acc[p][v] = sum_{i,j,c} |x - w| (sub, abs, add). A min and an add per term, one on each pair of pipes (VACC: the
+ * add on the FMA pipes of an AMD core), against a sub, an and and an add: the forward of ResNet-20's 3x3 layers ran
+ * 1.14-1.26x as fast on a Zen 3 (docs/adder_layer.md). min(x, w) is exact, so the rewrite's float32 error stays within a small factor of the direct
  * sum's where x is large against w (post-ReLU inputs), which 2 max(x, w) - x - w does not. */
 static inline __attribute__((always_inline)) void FN(fwd_tile)(
     const T *buf, const int64_t *off, const T *wt, const adder_geometry *s, int64_t ob, VEC (*out)[2],
@@ -222,29 +222,29 @@ static void FN(fwd_tile_store)(VEC (*acc)[2], int V, int64_t n, const int64_t *t
 
 /* The forward's tiles for a channel stride other than 1 (an image read plane by plane), out of line: inlined beside
  * the channels-last tiles they cost those 8-10% with AVX2 code (register allocation of the shared function). */
-#define FWD_PLANES(name, P, V, MINF)                                                                                   \
+#define FWD_OUT_OF_LINE(name, P, V, MODE)                                                                              \
     static __attribute__((noinline)) void FN(name)(const T *buf, const int64_t *off, const T *wt,                      \
                                                    const adder_geometry *s, int64_t ob, VEC (*out)[2], const int64_t cs, \
                                                    const int64_t di, const int64_t dj) {                               \
-        FN(fwd_tile)(buf, off, wt, s, ob, out, P, V, cs, di, dj, MINF);                                                \
+        FN(fwd_tile)(buf, off, wt, s, ob, out, P, V, cs, di, dj, MODE);                                                \
     }
-FWD_PLANES(fwd_tile_planes1, FWD_P1, 1, FWD_DIRECT)
-FWD_PLANES(fwd_tile_planes2, FWD_P2, 2, FWD_DIRECT)
+FWD_OUT_OF_LINE(fwd_tile_planes1, FWD_P1, 1, FWD_DIRECT)
+FWD_OUT_OF_LINE(fwd_tile_planes2, FWD_P2, 2, FWD_DIRECT)
 #if FWD_MIN
-FWD_PLANES(fwd_tile_planes1_min, FWD_P1, 1, FWD_MIN_SUMS)
-FWD_PLANES(fwd_tile_planes2_min, FWD_P2M, 2, FWD_MIN_SUMS)
-FWD_PLANES(fwd_tile_planes1_pos, FWD_P1, 1, FWD_DIRECT_POS)
-FWD_PLANES(fwd_tile_planes2_pos, FWD_P2, 2, FWD_DIRECT_POS)
+FWD_OUT_OF_LINE(fwd_tile_planes1_min, FWD_P1, 1, FWD_MIN_SUMS)
+FWD_OUT_OF_LINE(fwd_tile_planes2_min, FWD_P2M, 2, FWD_MIN_SUMS)
+FWD_OUT_OF_LINE(fwd_tile_planes1_pos, FWD_P1, 1, FWD_DIRECT_POS)
+FWD_OUT_OF_LINE(fwd_tile_planes2_pos, FWD_P2, 2, FWD_DIRECT_POS)
 /* and the channels-last tiles of the min form, out of line too: inlined as well, they slowed the direct form's
  * channels-last tiles (AdderLinear's) by 6-10% */
-FWD_PLANES(fwd_tile_last1_min, FWD_P1, 1, FWD_MIN_SUMS)
-FWD_PLANES(fwd_tile_last2_min, FWD_P2M, 2, FWD_MIN_SUMS)
-FWD_PLANES(fwd_tile_last1_pos, FWD_P1, 1, FWD_DIRECT_POS)
-FWD_PLANES(fwd_tile_last2_pos, FWD_P2, 2, FWD_DIRECT_POS)
+FWD_OUT_OF_LINE(fwd_tile_last1_min, FWD_P1, 1, FWD_MIN_SUMS)
+FWD_OUT_OF_LINE(fwd_tile_last2_min, FWD_P2M, 2, FWD_MIN_SUMS)
+FWD_OUT_OF_LINE(fwd_tile_last1_pos, FWD_P1, 1, FWD_DIRECT_POS)
+FWD_OUT_OF_LINE(fwd_tile_last2_pos, FWD_P2, 2, FWD_DIRECT_POS)
 #endif
-#undef FWD_PLANES
+#undef FWD_OUT_OF_LINE
 
-/* A MINF tile's sums of min(x, w) -> sum x + sum w - 2 sum min(x, w) = sum |x - w| (fwd_tile_store negates it), from
+/* A min-form tile's sums of min(x, w) -> sum x + sum w - 2 sum min(x, w) = sum |x - w| (fwd_tile_store negates it), from
  * the pixels' patch sums sx and the block's weight sums sw. */
 static inline void FN(fwd_combine)(VEC (*acc)[2], int P, int V, const T *sx, const T *sw) {
     for (int p = 0; p < P; p++)
@@ -351,11 +351,17 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
     T *buf = calloc(img + 16, sizeof(T)); /* zero: the copy's border stays so */
     int64_t *xo = FN(pixel_offsets)(s, rs, ps, ys, FWD_P1);
     /* the min form's sums: each pixel's over its channels (col), each output pixel's over its patch (sx), each output
-     * channel's over its weights (sw; and sacc, 2*VL lanes summed) */
+     * channel's over its weights (sw, per group; one group's at a time with a weight per image; and sacc, 2*VL lanes
+     * summed), and whether each group's weight sums are finite (wfin) */
+    const int64_t wgroups = s->wimg ? 1 : G;
     double *col = FWD_MIN ? malloc(sizeof(double) * (size_t)(Hr * Wr + 2 * VL + s->Wo)) : NULL;
     double *sacc = col ? col + Hr * Wr : NULL, *orow = col ? sacc + 2 * VL : NULL;
-    T *sx = FWD_MIN ? malloc(sizeof(T) * (size_t)(L + FWD_P1 + Opad)) : NULL, *sw = sx ? sx + L + FWD_P1 : NULL;
-    if (!buf || !xo || (FWD_MIN && (!col || !sx))) { free(buf); free(xo); free(col); free(sx); return 1; }
+    T *sx = FWD_MIN ? malloc(sizeof(T) * (size_t)(L + FWD_P1 + wgroups * Opad)) : NULL, *sw = sx ? sx + L + FWD_P1 : NULL;
+    int *wfin = FWD_MIN ? malloc(sizeof(int) * (size_t)wgroups) : NULL;
+    if (!buf || !xo || (FWD_MIN && (!col || !sx || !wfin))) {
+        free(buf), free(xo), free(col), free(sx), free(wfin);
+        return 1;
+    }
     const int64_t *to = xo + L + FWD_P1, di = s->dh * rs, dj = s->dw * ps;
     VEC acc[FWD_P1][2];
     for (int64_t n = n0; n < n1; n++) {
@@ -364,17 +370,20 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
         for (int64_t g = g0; g < g1; g++) {
             const T *wg = wt + (s->wimg * n * G + g) * K * Opad, *bg = img_n + g * Cg * cs;
             T *yg = y + n * ys[0] + g * (s->ygs ? s->ygs : Og * ys[1]);
-            /* the min form where the sums of x and w are finite (else an infinity would cancel into NaN), per tile */
+            /* the min form where the sums of x and w are finite (else an infinity would cancel into NaN), per tile; the
+             * weight sums once per call, or per image with a weight per image */
             const int min_form = FWD_MIN && MIN_FORM(s);
-            int wfin = 0, xfin = 0;
+            const int64_t gw = s->wimg ? 0 : g;
+            T *swg = min_form ? sw + gw * Opad : NULL;
+            int xfin = 0;
             if (min_form) {
-                wfin = FN(weight_sums)(wg, K, Opad, sacc, sw);
+                if (s->wimg || n == n0) wfin[gw] = FN(weight_sums)(wg, K, Opad, sacc, swg);
                 FN(patch_sums)(bg, cs, rs, ps, Hr, Wr, s, q0, q1, col, orow, sx);
                 xfin = FN(finite_run)(sx, q1 - q0);
             }
             int64_t ob = 0;
             for (; ob + 2 * VL <= Opad; ob += 2 * VL) {
-                const int bfin = min_form && (wfin || FN(finite_run)(sw + ob, 2 * VL));
+                const int bfin = min_form && (wfin[gw] || FN(finite_run)(swg + ob, 2 * VL));
                 for (int64_t q = q0, P; q < q1; q += P) {
                     const int mode = !min_form ? FWD_DIRECT
                                      : bfin && (xfin || FN(finite_run)(sx + (q - q0), FWD_P2M)) ? FWD_MIN_SUMS
@@ -388,7 +397,7 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
                     else if (mode == FWD_MIN_SUMS) {
                         if (cs == 1) FN(fwd_tile_last2_min)(bg, xo + q, wg, s, ob, acc, 1, di, dj);
                         else FN(fwd_tile_planes2_min)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
-                        FN(fwd_combine)(acc, FWD_P2M, 2, sx + (q - q0), sw + ob);
+                        FN(fwd_combine)(acc, FWD_P2M, 2, sx + (q - q0), swg + ob);
                     } else if (cs == 1)
                         FN(fwd_tile_last2_pos)(bg, xo + q, wg, s, ob, acc, 1, di, dj);
                     else
@@ -398,7 +407,7 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
                 }
             }
             for (; ob < Opad; ob += VL) {
-                const int bfin = min_form && (wfin || FN(finite_run)(sw + ob, VL));
+                const int bfin = min_form && (wfin[gw] || FN(finite_run)(swg + ob, VL));
                 for (int64_t q = q0; q < q1; q += FWD_P1) {
                     const int mode = !min_form ? FWD_DIRECT
                                      : bfin && (xfin || FN(finite_run)(sx + (q - q0), FWD_P1)) ? FWD_MIN_SUMS
@@ -411,7 +420,7 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
                     else if (mode == FWD_MIN_SUMS) {
                         if (cs == 1) FN(fwd_tile_last1_min)(bg, xo + q, wg, s, ob, acc, 1, di, dj);
                         else FN(fwd_tile_planes1_min)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
-                        FN(fwd_combine)(acc, FWD_P1, 1, sx + (q - q0), sw + ob);
+                        FN(fwd_combine)(acc, FWD_P1, 1, sx + (q - q0), swg + ob);
                     } else if (cs == 1)
                         FN(fwd_tile_last1_pos)(bg, xo + q, wg, s, ob, acc, 1, di, dj);
                     else
@@ -422,6 +431,7 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
             }
         }
     }
+    free(wfin);
     free(sx);
     free(col);
     free(xo);

@@ -118,12 +118,17 @@ def _pointwise_view(x, w, stride, padding):
     return x[:, :, :: stride[0], :: stride[1]]
 
 
+def _negated_forward_weight(s, dt):
+    """Whether the forward of the layer with geometry s takes the weight negated: the direct form computes x - w as
+    x + (-w); the min form (adder_forward_min_form: AVX2 and AVX-512, more than one tap) sums min(x, w)."""
+    return not getattr(_lib(), "adder_forward_min_form" + _KERNEL_DTYPES[dt])(s)
+
+
 def _pack_forward(w, opad, vl, negate, group_dims=1):
     """w (*G, *k, Og), G the first group_dims dimensions: each group's weight as an array k of Og output channels
     (k: the taps and input channels in the order the kernel steps through them) -> the weight packed per group in
     blocks of 2*vl output channels, [k][block] each, zero in Og..Opad-1 (adder_cpu.c), (prod G, K*Opad); negated with
-    `negate` (a layer whose forward takes the direct form computes x - w as x + (-w), or fma(x, 1, -w) on AMD cores;
-    one that takes the min form sums min(x, w): adder_forward_min_form). One pass over w when Og is a multiple of vl
+    `negate` (_negated_forward_weight). One pass over w when Og is a multiple of vl
     (a 512->512 3x3 weight: 2.4 ms, against 30 ms in five passes, on a Sapphire Rapids-class Xeon, 1 thread)."""
     w = w.detach()
     if w.shape[-1] < opad:
@@ -164,8 +169,12 @@ def forward(x, w, stride, padding, dilation, groups):
     xk, wk = x.to(dt), w.to(dt)
     s = _geometry(xk, wk, stride, padding, dilation, groups, cpad=False)
     per_group = wk.reshape(groups, s.Og, s.Cg, s.kh, s.kw)
-    negate = not getattr(_lib(), "adder_forward_min_form" + _KERNEL_DTYPES[dt])(s)
-    wt = _pack_forward(per_group.permute(0, 3, 4, 2, 1), s.Opad, _lib().adder_vbytes() // xk.element_size(), negate)
+    wt = _pack_forward(
+        per_group.permute(0, 3, 4, 2, 1),
+        s.Opad,
+        _lib().adder_vbytes() // xk.element_size(),
+        _negated_forward_weight(s, dt),
+    )
     y = torch.empty(s.N, w.shape[0], s.Ho, s.Wo, dtype=dt, memory_format=output_format(x))
     if y.numel() == 0:
         return y.to(x.dtype)
@@ -256,7 +265,7 @@ def scores(q, k):
     nk = k.shape[2]
     x, kk = _images(q.to(dt)), k.to(dt)
     s = _scores_geometry(x, h, nk, cpad=False)
-    negate = not getattr(_lib(), "adder_forward_min_form" + _KERNEL_DTYPES[dt])(s)
+    negate = _negated_forward_weight(s, dt)
     wt = _pack_forward(kk.transpose(2, 3), s.Opad, _lib().adder_vbytes() // x.element_size(), negate, group_dims=2)
     y = torch.empty(b, h, nq, nk, dtype=dt)
     if y.numel():
