@@ -11,7 +11,8 @@
  * products accumulated into 32-bit lanes, one instruction), else vpmaddubsw, vpmaddwd, vpaddd; in
  * multiply-accumulates, the unit the "sad" lines compare with. The "gin + weight grad" line is the input
  * gradient's mix with the FMA that also sums g*x for the weight gradient (one more per term), with the subtraction
- * as a plain add on every core, as that kernel tile issues it (adder_cpu.c). */
+ * as a plain add on every core, as that kernel tile issues it (adder_cpu.c). The "fwd min form" line is the forward's
+ * tile on layers with more than one tap, its loads included (MIN_FORM below). */
 #include <immintrin.h>
 #include <stdio.h>
 #include <time.h>
@@ -38,6 +39,7 @@ static double now(){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);
     RUN(W, K, LANES, "gin + weight grad: +fma",                                                             \
         F_(W, _fmadd_ps)(g, x[k], F_(W, _fmadd_ps)(g, F_(W, _min_ps)(F_(W, _max_ps)(F_(W, _sub_ps)(w, x[k]), mo), one), acc[k]))) \
     RUN(W, K, LANES, "conv: fma", F_(W, _fmadd_ps)(w, x[k], acc[k]))                                        \
+    min_form_##W(ghz);                                                                                      \
     RUN(W, K, LANES, "add only", F_(W, _add_ps)(acc[k], x[k]))                                              \
     __m##W##i ia[K], ix[K], iw = F_(W, _set1_epi8)(3);                                                      \
     for (int k = 0; k < K; k++) { ia[k] = F_(W, _setzero_si##W)(); ix[k] = F_(W, _set1_epi8)((char)k); }    \
@@ -72,6 +74,37 @@ static double now(){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);
 #define INT8_CONV512(K) INT8_TIMED(512, K, "int8 conv: vpdpbusd", _mm512_dpbusd_epi32(ia[k], ix[k], iw))
 #else
 #define INT8_CONV512(K)
+#endif
+/* The forward's min form as its tile runs it (adder_cpu_body.h fwd_tile): per channel step two weight vectors and one
+ * broadcast input per pixel loaded, and per pixel and vector min(w, x) added into the accumulator as fma(m, 1, acc), over
+ * FWD_P2M pixels x 2 vectors (5 with AVX2's 16 registers, 8 with AVX-512's 32); the loads go through a pointer hidden
+ * from the optimiser, so that they are issued every step as in the kernel. */
+#define MIN_FORM(W, LANES)                                                                                  \
+  static __attribute__((noinline)) void min_form_##W(double ghz) { /* own registers: none live from the caller */ \
+    enum { P = W == 256 ? 5 : 8 };                                                                          \
+    static float src[2 * LANES + P] __attribute__((aligned(64)));                                           \
+    for (int i = 0; i < 2 * LANES + P; i++) src[i] = i * 0.01f;                                             \
+    __m##W am[P][2], one = F_(W, _set1_ps)(1.f);                                                            \
+    for (int p = 0; p < P; p++) am[p][0] = am[p][1] = F_(W, _setzero_ps)();                                 \
+    const float *sp = src;                                                                                  \
+    double tm = now();                                                                                      \
+    for (long i = 0; i < N / (2 * P) / LANES; i++) {                                                        \
+      __asm__("" : "+r"(sp), "+x"(one));                                                                    \
+      const __m##W w0 = F_(W, _loadu_ps)(sp), w1 = F_(W, _loadu_ps)(sp + LANES);                            \
+      _Pragma("GCC unroll 8") for (int p = 0; p < P; p++) {                                                 \
+        const __m##W xv = F_(W, _set1_ps)(sp[2 * LANES + p]);                                               \
+        am[p][0] = F_(W, _fmadd_ps)(F_(W, _min_ps)(w0, xv), one, am[p][0]);                                 \
+        am[p][1] = F_(W, _fmadd_ps)(F_(W, _min_ps)(w1, xv), one, am[p][1]);                                 \
+      }                                                                                                     \
+    }                                                                                                       \
+    double dm = now() - tm; float sm = 0;                                                                   \
+    for (int p = 0; p < P; p++) sm += am[p][0][0] + am[p][1][0];                                            \
+    printf("%-28s %6.2f G elem/s = %.2f elem/cycle (%g)\n", "fwd min form: min, fma", N / dm / 1e9,          \
+           N / dm / 1e9 / ghz, sm);                                                                         \
+  }
+MIN_FORM(256, 8)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+MIN_FORM(512, 16)
 #endif
 #define RUN(W, K, LANES, label, body)                                                                       \
   {                                                                                                         \
