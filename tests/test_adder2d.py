@@ -103,8 +103,8 @@ def test_fast_strided_pointwise_layer_is_the_same_from_nchw_and_channels_last(st
     place. Both sum the same terms in the same order, so float32 results agree bit for bit, and pixels the
     layer skips get an exactly zero input gradient. (The float64 grid above checks the values against the reference.)"""
     torch.manual_seed(2)
-    x = torch.randn(3, 24, 9, 10)
-    w, b = torch.randn(40, 24, 1, 1), torch.randn(40)
+    x = torch.randn(3, 24, 18, 20)  # 42 or more output pixels: whole vectors of pixels on every path, and a tail
+    w, b = torch.randn(42, 24, 1, 1), torch.randn(42)
     gy = torch.randn_like(F.conv2d(x, w, None, stride))
     nchw = _run(backend_env, "fast", x, w, b, (stride, 0, 1, 1), gy)
     last = _run(backend_env, "fast", x.to(memory_format=torch.channels_last), w, b, (stride, 0, 1, 1), gy)

@@ -75,7 +75,8 @@ def _fwd_bwd(x, w, conf, gy, backend, monkeypatch):
 # 3 groups (groups split unevenly across threads) and batch 3; the forward's three ways to read an image: in
 # place (unpadded, also strided), a zero-bordered copy in the input's order, and (over 64 NCHW channels) a
 # channels-last copy (NCHW <-> channels-last copies with blocks of 8 x 8 and tails); over 256 output channels (the
-# input gradient packs every tile of g)
+# input gradient packs every tile of g); NCHW 1x1 layers along their pixels (whole vectors of them, the tail in the
+# tiles), at stride 2 from a copy of the pixels they read, over more channels than are summed in registers at once
 FLOAT_CASES = [
     (2, 5, 260, 4, 6, (3, 3), 1, 1, 1, 1),
     (3, 40, 72, 9, 11, (3, 3), 2, 1, 1, 2),
@@ -86,6 +87,8 @@ FLOAT_CASES = [
     (1, 48, 99, 4, 5, (1, 1), 1, 0, 1, 3),
     (2, 9, 20, 8, 7, (3, 3), 2, 0, 1, 1),
     (1, 72, 18, 5, 9, (3, 3), 1, 1, 1, 2),
+    (2, 12, 22, 14, 12, (1, 1), 2, 0, 1, 1),
+    (2, 40, 13, 6, 7, (1, 1), 1, 0, 1, 1),
 ]
 
 
@@ -158,7 +161,7 @@ def test_infinities_give_the_forward_of_the_definition(isa, dtype, monkeypatch):
         conf = (s, p, d, g)
         for where, at, value in (
             ("input", (0, 1, 2, 2), float("-inf")),
-            ("input", (0, 0, 1, 1), float("inf")),
+            ("input", (0, 0, 2, 2), float("inf")),
             ("weight", (1, 0, k[0] - 1, 0), float("-inf")),
             ("weight", (0, 0, 0, 0), float("inf")),
         ):

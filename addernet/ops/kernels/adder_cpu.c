@@ -47,12 +47,14 @@
 #define FWD_P2 8  /* V = 2 */
 #define FWD_P2M 8 /* V = 2, the min form */
 #define GIN_P 8
+#define FWD_PO 12 /* the 1x1 forward along the pixels: output channels per tile */
 #else
 #define FWD_P1 12
 #define FWD_P2 6
 #define FWD_P2M 5 /* 10 accumulators, the 2 weight vectors, x, a min and the constant 1: 6 pixels spilled an accumulator
                    * to the stack, a chain through memory every channel step */
 #define GIN_P 4
+#define FWD_PO 5 /* 10 accumulators, 2 pixel vectors, the broadcast weight, the abs mask, a temporary */
 #endif
 
 /* The largest image the forward reads plane by plane (adder_cpu_body.h): channels, and C*H*W*sizeof(T) bytes. */

@@ -309,6 +309,73 @@ static int FN(weight_sums)(const T *wg, int64_t K, int64_t Opad, double *acc, T 
     return finite;
 }
 
+#if defined(VFMA) /* AVX2, AVX-512 */
+#define FWD_PV 1
+#define PV_OGP(s) (((s)->Og + FWD_PO - 1) / FWD_PO * FWD_PO)
+/* A 1x1 layer on NCHW planes, vectorised along the pixels instead of the output channels: PO output channels x 2*VL
+ * consecutive pixels, acc[k][v] = sum_c |x[c, pixels] - w[o0 + k, c]| with the weight (negated: the direct form)
+ * broadcast and the pixels loaded as whole vectors from their plane, so the output is stored as whole vectors of its
+ * planes instead of being transposed from channel vectors; the same terms summed in the same order (FWD_KC channels in
+ * registers, then into the output) as fwd_tile, so the same bits. xp: channel 0 of the first pixel (channel stride
+ * xcs); wp: w(-)[o0, c = 0] with channel stride wcs, its PO output channels consecutive (pv_weight); yp: y[o0, first pixel] with channel
+ * stride ycs; no <= PO: the valid output channels. */
+static inline __attribute__((always_inline)) void FN(pv_tile)(const T *xp, int64_t xcs, const T *wp, int64_t wcs,
+                                                             int64_t Cg, T *yp, int64_t ycs, int64_t no, const int PO) {
+    VEC acc[FWD_PO][2];
+    for (int64_t c0 = 0; c0 < Cg; c0 += FWD_KC) {
+        const int64_t c1 = Cg - c0 < FWD_KC ? Cg : c0 + FWD_KC;
+#pragma GCC unroll 16
+        for (int k = 0; k < PO; k++) acc[k][0] = acc[k][1] = (VEC){0};
+        for (int64_t c = c0; c < c1; c++) {
+            const VEC x0 = FN(ld)(xp + c * xcs), x1 = FN(ld)(xp + c * xcs + VL);
+#pragma GCC unroll 16
+            for (int k = 0; k < PO; k++) {
+                const VEC nw = wp[c * wcs + k] - (VEC){0}; /* broadcast */
+                acc[k][0] += FN(vabs)(x0 + nw); /* a plain add: the FMA form overwrites x and costs a copy */
+                acc[k][1] += FN(vabs)(x1 + nw);
+            }
+        }
+        for (int k = 0; k < no; k++) /* the running sum lives in y: out + acc as fwd_tile adds it, negated at the end */
+            for (int v = 0; v < 2; v++) {
+                T *yv = yp + k * ycs + v * VL;
+                const VEC t = c0 ? FN(ld)(yv) + acc[k][v] : acc[k][v];
+                FN(st)(yv, c1 == Cg ? -t : t);
+            }
+    }
+}
+
+/* pv_tile over the pixels off[0..nq-1] (nq a multiple of 2*VL, offsets into the group's image bg of channel stride cs)
+ * of one image and group, every output channel, 2*VL pixels at a time: copied into xc (Cg x 2*VL) unless consecutive
+ * in x (gather = 0), and the next 2*VL pixels' cache lines prefetched meanwhile (the copy stalled on them: a strided
+ * view's image is read from beyond L2). */
+static void FN(pv_pixels)(const T *bg, int64_t cs, const int64_t *off, int gather, T *xc, const T *wpv,
+                          const adder_geometry *s, T *yg, int64_t ycs, int64_t nq) {
+    const int64_t Cg = s->Cg, Og = s->Og, Ogp = PV_OGP(s);
+    for (int64_t q = 0; q < nq; q += 2 * VL) {
+        if (q + 2 * VL < nq)
+            for (int64_t c = 0; c < Cg; c++)
+                for (int k = 0; k < 2 * VL; k += VL / 2) __builtin_prefetch(bg + c * cs + off[q + 2 * VL + k]);
+        if (gather)
+            for (int64_t c = 0; c < Cg; c++)
+                for (int k = 0; k < 2 * VL; k++) xc[c * 2 * VL + k] = bg[c * cs + off[q + k]];
+        const T *xp = gather ? xc : bg + off[q];
+        const int64_t xcs = gather ? 2 * VL : cs;
+        for (int64_t o0 = 0; o0 < Og; o0 += FWD_PO)
+            FN(pv_tile)(xp, xcs, wpv + o0, Ogp, Cg, yg + o0 * ycs + q, ycs, Og - o0 < FWD_PO ? Og - o0 : FWD_PO, FWD_PO);
+    }
+}
+/* wpv[c][o] = the packed (negated) weight wg of one group (adder_forward), Og output channels padded to PV_OGP. */
+static void FN(pv_weight)(const T *wg, const adder_geometry *s, T *wpv) {
+    const int64_t Cg = s->Cg, Og = s->Og, Opad = s->Opad, Ogp = PV_OGP(s);
+    for (int64_t o = 0; o < Ogp; o++) {
+        const int64_t blk = o / (2 * VL) * (2 * VL), width = blk + 2 * VL <= Opad ? 2 * VL : VL;
+        for (int64_t c = 0; c < Cg; c++) wpv[c * Ogp + o] = o < Og ? wg[blk * Cg + c * width + (o - blk)] : 0;
+    }
+}
+#else
+#define FWD_PV 0
+#endif
+
 /* Layers that take the min form: those with more than one tap. A 1x1 layer's patch sums cost as much as the min form
  * saves (with it, ResNet-20's 1x1 stride-2 shortcuts ran 0.89-0.95x as fast and AdderLinear's forward 0.89-1.08x, Zen
  * 3). */
@@ -358,8 +425,18 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
     double *sacc = col ? col + Hr * Wr : NULL, *orow = col ? sacc + 2 * VL : NULL;
     T *sx = FWD_MIN ? malloc(sizeof(T) * (size_t)(L + FWD_P1 + wgroups * Opad)) : NULL, *sw = sx ? sx + L + FWD_P1 : NULL;
     int *wfin = FWD_MIN ? malloc(sizeof(int) * (size_t)wgroups) : NULL;
-    if (!buf || !xo || (FWD_MIN && (!col || !sx || !wfin))) {
-        free(buf), free(xo), free(col), free(sx), free(wfin);
+    /* a 1x1 layer read plane by plane into NCHW planes goes along the pixels (pv_pixels), through a copy of its pixels
+     * (pvx, 2*VL at a time) when they are not consecutive in x (a strided view) */
+    const int pv = FWD_PV && kh == 1 && kw == 1 && cs != 1 && ys[1] != 1 && ys[3] == 1 &&
+                   (s->Ho == 1 || ys[2] == s->Wo) && q1 - q0 >= 2 * VL;
+    const int pv_copy = pv && !(s->sw * ps == 1 && (s->Ho == 1 || s->sh * rs == s->Wo));
+#if FWD_PV
+    T *pvx = pv ? malloc(sizeof(T) * (size_t)(Cg * 2 * VL + Cg * PV_OGP(s))) : NULL, *wpv = pvx ? pvx + Cg * 2 * VL : NULL;
+#else
+    T *pvx = NULL, *wpv = NULL;
+#endif
+    if (!buf || !xo || (FWD_MIN && (!col || !sx || !wfin)) || (pv && !pvx)) {
+        free(buf), free(xo), free(col), free(sx), free(wfin), free(pvx);
         return 1;
     }
     const int64_t *to = xo + L + FWD_P1, di = s->dh * rs, dj = s->dw * ps;
@@ -376,15 +453,24 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
             const int64_t gw = s->wimg ? 0 : g;
             T *swg = min_form ? sw + gw * Opad : NULL;
             int xfin = 0;
+            int64_t qs = q0; /* the first pixel of the tiles below */
             if (min_form) {
                 if (s->wimg || n == n0) wfin[gw] = FN(weight_sums)(wg, K, Opad, sacc, swg);
                 FN(patch_sums)(bg, cs, rs, ps, Hr, Wr, s, q0, q1, col, orow, sx);
                 xfin = FN(finite_run)(sx, q1 - q0);
             }
+#if FWD_PV
+            if (pv) { /* whole vectors of pixels here, the rest (fewer than 2*VL) in the tiles below */
+                const int64_t nq = (q1 - q0) / (2 * VL) * (2 * VL);
+                if (n == n0 || g1 - g0 > 1 || s->wimg) FN(pv_weight)(wg, s, wpv); /* one group at a time */
+                FN(pv_pixels)(bg, cs, xo + q0, pv_copy, pvx, wpv, s, yg + to[q0], ys[1], nq);
+                qs = q0 + nq;
+            }
+#endif
             int64_t ob = 0;
             for (; ob + 2 * VL <= Opad; ob += 2 * VL) {
                 const int bfin = min_form && (wfin[gw] || FN(finite_run)(swg + ob, 2 * VL));
-                for (int64_t q = q0, P; q < q1; q += P) {
+                for (int64_t q = qs, P; q < q1; q += P) {
                     const int mode = !min_form ? FWD_DIRECT
                                      : bfin && (xfin || FN(finite_run)(sx + (q - q0), FWD_P2M)) ? FWD_MIN_SUMS
                                                                                               : FWD_DIRECT_POS;
@@ -408,7 +494,7 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
             }
             for (; ob < Opad; ob += VL) {
                 const int bfin = min_form && (wfin[gw] || FN(finite_run)(swg + ob, VL));
-                for (int64_t q = q0; q < q1; q += FWD_P1) {
+                for (int64_t q = qs; q < q1; q += FWD_P1) {
                     const int mode = !min_form ? FWD_DIRECT
                                      : bfin && (xfin || FN(finite_run)(sx + (q - q0), FWD_P1)) ? FWD_MIN_SUMS
                                                                                              : FWD_DIRECT_POS;
@@ -431,6 +517,7 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
             }
         }
     }
+    free(pvx);
     free(wfin);
     free(sx);
     free(col);
