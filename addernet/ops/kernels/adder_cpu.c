@@ -60,6 +60,7 @@
 /* The largest image the forward reads plane by plane (adder_cpu_body.h): channels, and C*H*W*sizeof(T) bytes. */
 #define PLANES_CHANNELS 64
 #define PLANES_BYTES (256 * 1024)
+#define PV_CHANNELS 256 /* and the most input channels per group a 1x1 layer reads plane by plane along its pixels */
 
 /* The input gradient reads a tile of g (GIN_P pixels x Og channels) in place, when its pixels are consecutive in
  * memory, only if the tile runs fewer than this many blocks of the weight; else it packs the tile first, into one

@@ -408,7 +408,10 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
     /* An image read plane by plane (channel stride > 1) is as many streams as it has channels: many of them defeat
      * the prefetchers (a 256-channel 56x56 image in place ran at 0.6x its channels-last copy), so an image of more
      * than PLANES_CHANNELS channels or PLANES_BYTES is copied channels-last. */
-    const int planes = xs[1] != 1 && C <= PLANES_CHANNELS && (size_t)(C * s->H * s->W) * sizeof(T) <= PLANES_BYTES;
+    /* a 1x1 layer along its pixels (pv_pixels) reads whole vectors of each plane, and any number of them */
+    const int pv_planes = FWD_PV && kh == 1 && kw == 1 && !s->ph && !s->pw && xs[1] != 1 && Cg <= PV_CHANNELS &&
+                          ys[1] != 1 && ys[3] == 1 && (s->Ho == 1 || ys[2] == s->Wo);
+    const int planes = xs[1] != 1 && (pv_planes || (C <= PLANES_CHANNELS && (size_t)(C * s->H * s->W) * sizeof(T) <= PLANES_BYTES));
     const int copy = s->ph || s->pw || !(xs[1] == 1 || planes);
     /* channel, row and pixel strides of the image read: x's own, or the copy's (planes or channels-last) */
     const int64_t cs = !copy ? xs[1] : planes ? Hp * Wp : 1;
