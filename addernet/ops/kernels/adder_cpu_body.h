@@ -140,8 +140,9 @@ static int64_t *FN(pixel_offsets)(const adder_geometry *s, int64_t rs, int64_t p
  * FWD_DIRECT (weights -w) and FWD_DIRECT_POS (weights w: a min-form layer's tile whose sums are not finite),
  * acc[p][v] = sum_{i,j,c} |x - w| (sub, abs, add). A min and an add per term, one on each pair of pipes (VACC: the
  * add on the FMA pipes of an AMD core), against a sub, an and and an add: the forward of ResNet-20's 3x3 layers ran
- * 1.14-1.26x as fast on a Zen 3 (docs/adder_layer.md). min(x, w) is exact, so the rewrite's float32 error stays within a small factor of the direct
- * sum's where x is large against w (post-ReLU inputs), which 2 max(x, w) - x - w does not. */
+ * 1.14-1.26x as fast on a Zen 3 (docs/adder_layer.md). min(x, w) is exact, so the rewrite's float32 error stays within
+ * a small factor of the direct sum's where x is large against w (post-ReLU inputs), which 2 max(x, w) - x - w does
+ * not. */
 static inline __attribute__((always_inline)) void FN(fwd_tile)(
     const T *buf, const int64_t *off, const T *wt, const adder_geometry *s, int64_t ob, VEC (*out)[2],
     const int P, const int V, const int64_t cs, const int64_t di, const int64_t dj, const int MODE) {
@@ -309,16 +310,16 @@ static int FN(weight_sums)(const T *wg, int64_t K, int64_t Opad, double *acc, T 
     return finite;
 }
 
+#define PV_OGP(s) (((s)->Og + FWD_PO - 1) / FWD_PO * FWD_PO) /* output channels of pv_weight's rows */
 #if defined(VFMA) /* AVX2, AVX-512 */
 #define FWD_PV 1
-#define PV_OGP(s) (((s)->Og + FWD_PO - 1) / FWD_PO * FWD_PO)
 /* A 1x1 layer on NCHW planes, vectorised along the pixels instead of the output channels: PO output channels x 2*VL
  * consecutive pixels, acc[k][v] = sum_c |x[c, pixels] - w[o0 + k, c]| with the weight (negated: the direct form)
  * broadcast and the pixels loaded as whole vectors from their plane, so the output is stored as whole vectors of its
  * planes instead of being transposed from channel vectors; the same terms summed in the same order (FWD_KC channels in
  * registers, then into the output) as fwd_tile, so the same bits. xp: channel 0 of the first pixel (channel stride
- * xcs); wp: w(-)[o0, c = 0] with channel stride wcs, its PO output channels consecutive (pv_weight); yp: y[o0, first pixel] with channel
- * stride ycs; no <= PO: the valid output channels. */
+ * xcs); wp: w(-)[o0, c = 0] with channel stride wcs, its PO output channels consecutive (pv_weight); yp: y[o0, first
+ * pixel] with channel stride ycs; no <= PO: the valid output channels. */
 static inline __attribute__((always_inline)) void FN(pv_tile)(const T *xp, int64_t xcs, const T *wp, int64_t wcs,
                                                              int64_t Cg, T *yp, int64_t ycs, int64_t no, const int PO) {
     VEC acc[FWD_PO][2];
@@ -408,10 +409,12 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
     /* An image read plane by plane (channel stride > 1) is as many streams as it has channels: many of them defeat
      * the prefetchers (a 256-channel 56x56 image in place ran at 0.6x its channels-last copy), so an image of more
      * than PLANES_CHANNELS channels or PLANES_BYTES is copied channels-last. */
-    /* a 1x1 layer along its pixels (pv_pixels) reads whole vectors of each plane, and any number of them */
-    const int pv_planes = FWD_PV && kh == 1 && kw == 1 && !s->ph && !s->pw && xs[1] != 1 && Cg <= PV_CHANNELS &&
-                          ys[1] != 1 && ys[3] == 1 && (s->Ho == 1 || ys[2] == s->Wo);
-    const int planes = xs[1] != 1 && (pv_planes || (C <= PLANES_CHANNELS && (size_t)(C * s->H * s->W) * sizeof(T) <= PLANES_BYTES));
+    /* A 1x1 layer without padding from NCHW planes into NCHW planes goes along its pixels (pv_pixels), which reads whole
+     * vectors of each plane, so its planes are read in place whatever their number (up to PV_CHANNELS per group). */
+    const int pv_layer = FWD_PV && kh == 1 && kw == 1 && !s->ph && !s->pw && xs[1] != 1 && Cg <= PV_CHANNELS &&
+                         ys[1] != 1 && ys[3] == 1 && (s->Ho == 1 || ys[2] == s->Wo);
+    const int planes = xs[1] != 1 && (pv_layer || (C <= PLANES_CHANNELS &&
+                                                   (size_t)(C * s->H * s->W) * sizeof(T) <= PLANES_BYTES));
     const int copy = s->ph || s->pw || !(xs[1] == 1 || planes);
     /* channel, row and pixel strides of the image read: x's own, or the copy's (planes or channels-last) */
     const int64_t cs = !copy ? xs[1] : planes ? Hp * Wp : 1;
@@ -428,16 +431,9 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
     double *sacc = col ? col + Hr * Wr : NULL, *orow = col ? sacc + 2 * VL : NULL;
     T *sx = FWD_MIN ? malloc(sizeof(T) * (size_t)(L + FWD_P1 + wgroups * Opad)) : NULL, *sw = sx ? sx + L + FWD_P1 : NULL;
     int *wfin = FWD_MIN ? malloc(sizeof(int) * (size_t)wgroups) : NULL;
-    /* a 1x1 layer read plane by plane into NCHW planes goes along the pixels (pv_pixels), through a copy of its pixels
-     * (pvx, 2*VL at a time) when they are not consecutive in x (a strided view) */
-    const int pv = FWD_PV && kh == 1 && kw == 1 && cs != 1 && ys[1] != 1 && ys[3] == 1 &&
-                   (s->Ho == 1 || ys[2] == s->Wo) && q1 - q0 >= 2 * VL;
-    const int pv_copy = pv && !(s->sw * ps == 1 && (s->Ho == 1 || s->sh * rs == s->Wo));
-#if FWD_PV
-    T *pvx = pv ? malloc(sizeof(T) * (size_t)(Cg * 2 * VL + Cg * PV_OGP(s))) : NULL, *wpv = pvx ? pvx + Cg * 2 * VL : NULL;
-#else
-    T *pvx = NULL, *wpv = NULL;
-#endif
+    /* such a layer's scratch (pv_pixels): 2*VL pixels of each channel, then the weight transposed (pv_weight) */
+    const int pv = pv_layer && q1 - q0 >= 2 * VL;
+    T *pvx = pv ? malloc(sizeof(T) * (size_t)(Cg * 2 * VL + Cg * PV_OGP(s))) : NULL;
     if (!buf || !xo || (FWD_MIN && (!col || !sx || !wfin)) || (pv && !pvx)) {
         free(buf), free(xo), free(col), free(sx), free(wfin), free(pvx);
         return 1;
@@ -465,8 +461,11 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
 #if FWD_PV
             if (pv) { /* whole vectors of pixels here, the rest (fewer than 2*VL) in the tiles below */
                 const int64_t nq = (q1 - q0) / (2 * VL) * (2 * VL);
+                /* the pixels copied when they are not consecutive in x (a strided view) */
+                const int gather = !(s->sw * ps == 1 && (s->Ho == 1 || s->sh * rs == s->Wo));
+                T *wpv = pvx + Cg * 2 * VL;
                 if (n == n0 || g1 - g0 > 1 || s->wimg) FN(pv_weight)(wg, s, wpv); /* one group at a time */
-                FN(pv_pixels)(bg, cs, xo + q0, pv_copy, pvx, wpv, s, yg + to[q0], ys[1], nq);
+                FN(pv_pixels)(bg, cs, xo + q0, gather, pvx, wpv, s, yg + to[q0], ys[1], nq);
                 qs = q0 + nq;
             }
 #endif
