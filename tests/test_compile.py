@@ -12,13 +12,15 @@ around the adder custom ops; inductor (C++ codegen on CPU, Triton on a GPU) is w
 """
 
 import copy
+import importlib
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from addernet import AdaptiveLR
-from addernet.compile import compile_model
+from addernet.compile import adder_graph_break, compile_model
 from addernet.models import build_model
 from addernet.models.resnet_cifar import CifarResNet
 
@@ -79,3 +81,30 @@ def test_train_py_compiles_the_model_when_asked(tmp_path, monkeypatch):
     assert compiled == []
     train(compose(base + ["trainer.compile=true"]), str(tmp_path / "on"))
     assert compiled == ["LeNet5BN"]
+
+
+def test_compile_warns_when_this_torch_breaks_the_graph_at_every_adder_layer(monkeypatch):
+    """A torch whose compiler cannot trace the adder call's backend lookup splits the graph at each adder layer
+    (torch 2.11 on a GPU: recompile-limit warnings and a slower training); compile_model says so. Simulated by a
+    graph break in that lookup; with this torch the call traces whole and nothing is said."""
+    module = importlib.import_module("addernet.ops.adder2d")  # the module: addernet.ops.adder2d is the function
+    lookup = module._backend
+
+    def lookup_with_a_break():
+        torch._dynamo.graph_break()
+        return lookup()
+
+    torch._dynamo.reset()
+    assert adder_graph_break() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compile_model(build_model("resnet20"), True)
+    monkeypatch.setattr(module, "_backend", lookup_with_a_break)
+    torch._dynamo.reset()
+    assert "graph_break" in adder_graph_break()
+    with pytest.warns(RuntimeWarning, match="breaks the graph at every adder layer .*trainer.compile off"):
+        compile_model(build_model("resnet20"), True)
+    with warnings.catch_warnings():  # the CNN twin has no adder layer to break at
+        warnings.simplefilter("error")
+        compile_model(build_model("resnet20", layer="conv"), True)
+    torch._dynamo.reset()
