@@ -11,8 +11,9 @@
  * products accumulated into 32-bit lanes, one instruction), else vpmaddubsw, vpmaddwd, vpaddd; in
  * multiply-accumulates, the unit the "sad" lines compare with. The "gin + weight grad" line is the input
  * gradient's mix with the FMA that also sums g*x for the weight gradient (one more per term), with the subtraction
- * as a plain add on every core, as that kernel tile issues it (adder_cpu.c). The "fwd min form" line is the forward's
- * tile on layers with more than one tap, its loads included (MIN_FORM below). */
+ * as a plain add on every core, as that kernel tile issues it (adder_cpu.c). The "fwd min form" lines are the forward's
+ * tile on layers with more than one tap, its loads included (MIN_FORM below), with the add on the FMA pipes (as the
+ * kernels issue it on AMD CPUs) and as a plain add (on other CPUs, where it can also run on the FP adders). */
 #include <immintrin.h>
 #include <stdio.h>
 #include <time.h>
@@ -40,6 +41,7 @@ static double now(){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);
         F_(W, _fmadd_ps)(g, x[k], F_(W, _fmadd_ps)(g, F_(W, _min_ps)(F_(W, _max_ps)(F_(W, _sub_ps)(w, x[k]), mo), one), acc[k]))) \
     RUN(W, K, LANES, "conv: fma", F_(W, _fmadd_ps)(w, x[k], acc[k]))                                        \
     min_form_##W(ghz);                                                                                      \
+    min_form_add_##W(ghz);                                                                                  \
     RUN(W, K, LANES, "add only", F_(W, _add_ps)(acc[k], x[k]))                                              \
     __m##W##i ia[K], ix[K], iw = F_(W, _set1_epi8)(3);                                                      \
     for (int k = 0; k < K; k++) { ia[k] = F_(W, _setzero_si##W)(); ix[k] = F_(W, _set1_epi8)((char)k); }    \
@@ -76,11 +78,11 @@ static double now(){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);
 #define INT8_CONV512(K)
 #endif
 /* The forward's min form as its tile runs it (adder_cpu_body.h fwd_tile): per channel step two weight vectors and one
- * broadcast input per pixel loaded, and per pixel and vector min(w, x) added into the accumulator as fma(m, 1, acc), over
+ * broadcast input per pixel loaded, and per pixel and vector min(w, x) added into the accumulator (ADD), over
  * FWD_P2M pixels x 2 vectors (5 with AVX2's 16 registers, 8 with AVX-512's 32); the loads go through a pointer hidden
  * from the optimiser, so that they are issued every step as in the kernel. */
-#define MIN_FORM(W, LANES)                                                                                  \
-  static __attribute__((noinline)) void min_form_##W(double ghz) { /* own registers: none live from the caller */ \
+#define MIN_FORM(W, LANES, NAME, LABEL, ADD)                                                                 \
+  static __attribute__((noinline)) void NAME(double ghz) { /* own registers: none live from the caller */   \
     enum { P = W == 256 ? 5 : 8 };                                                                          \
     static float src[2 * LANES + P] __attribute__((aligned(64)));                                           \
     for (int i = 0; i < 2 * LANES + P; i++) src[i] = i * 0.01f;                                             \
@@ -93,18 +95,22 @@ static double now(){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);
       const __m##W w0 = F_(W, _loadu_ps)(sp), w1 = F_(W, _loadu_ps)(sp + LANES);                            \
       _Pragma("GCC unroll 8") for (int p = 0; p < P; p++) {                                                 \
         const __m##W xv = F_(W, _set1_ps)(sp[2 * LANES + p]);                                               \
-        am[p][0] = F_(W, _fmadd_ps)(F_(W, _min_ps)(w0, xv), one, am[p][0]);                                 \
-        am[p][1] = F_(W, _fmadd_ps)(F_(W, _min_ps)(w1, xv), one, am[p][1]);                                 \
+        am[p][0] = ADD(W, F_(W, _min_ps)(w0, xv), one, am[p][0]);                                           \
+        am[p][1] = ADD(W, F_(W, _min_ps)(w1, xv), one, am[p][1]);                                           \
       }                                                                                                     \
     }                                                                                                       \
     double dm = now() - tm; float sm = 0;                                                                   \
     for (int p = 0; p < P; p++) sm += am[p][0][0] + am[p][1][0];                                            \
-    printf("%-28s %6.2f G elem/s = %.2f elem/cycle (%g)\n", "fwd min form: min, fma", N / dm / 1e9,          \
+    printf("%-28s %6.2f G elem/s = %.2f elem/cycle (%g)\n", LABEL, N / dm / 1e9,                           \
            N / dm / 1e9 / ghz, sm);                                                                         \
   }
-MIN_FORM(256, 8)
+#define ADD_FMA(W, m, one, acc) F_(W, _fmadd_ps)(m, one, acc)
+#define ADD_PLAIN(W, m, one, acc) F_(W, _add_ps)(m, acc)
+MIN_FORM(256, 8, min_form_256, "fwd min form: min, fma", ADD_FMA)
+MIN_FORM(256, 8, min_form_add_256, "fwd min form: min, add", ADD_PLAIN)
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
-MIN_FORM(512, 16)
+MIN_FORM(512, 16, min_form_512, "fwd min form: min, fma", ADD_FMA)
+MIN_FORM(512, 16, min_form_add_512, "fwd min form: min, add", ADD_PLAIN)
 #endif
 #define RUN(W, K, LANES, label, body)                                                                       \
   {                                                                                                         \
