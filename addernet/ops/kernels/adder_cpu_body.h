@@ -535,11 +535,53 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
  * second operand of both max and min, so a NaN in x or w stays NaN (HardTanh(NaN) = NaN), at no cost.
  * With wgrad, the same operands also give the weight gradient's product term: dw[o, c] += sum_p g[p, o] x[p, c]
  * (one FMA per term more, in place of a separate convolution weight-gradient pass over x and g). */
+static inline __attribute__((always_inline)) void FN(gin_rows)(const VEC nx[GIN_P], VEC acc[GIN_P], const T *wb,
+                                                              const T *gt, int64_t gos, int64_t Og, T *dwb,
+                                                              const int wgrad, const int RANGE) {
+    (void)RANGE; /* without VCLAMP1 */
+    const VEC one = (VEC){0} + 1, mone = (VEC){0} - 1, one_h = FN(opaque_one)();
+    for (int64_t o = 0; o < Og; o++) {
+        const VEC wv = FN(ld)(wb + o * VL);
+        const T *go = gt + o * gos; /* g[p, o] = go[p]: packed, or the tensor's pixels read in place */
+#pragma GCC unroll 32
+        for (int p = 0; p < GIN_P; p++) {
+            /* with wgrad the product term's FMAs fill the FMA pipes, so w - x is a plain add there ("Port balance"
+             * in adder_cpu.c; both forms give the same bits) */
+            const VEC d = wgrad ? wv + nx[p] : VSUBN(wv, nx[p], one_h);
+#ifdef VCLAMP1
+            if (RANGE) {
+                acc[p] += go[p] * VCLAMP1(d);
+                continue;
+            }
+#endif
+            acc[p] += go[p] * VMIN(one, VMAX(mone, d));
+        }
+        if (wgrad) { /* dw += sum_p g x over the tile's pixels (a tail's missing pixels have g = 0), an FMA each */
+            VEC t = FN(ld)(dwb + o * VL);
+#pragma GCC unroll 32
+            for (int p = 0; p < GIN_P; p++) t -= go[p] * nx[p];
+            FN(st)(dwb + o * VL, t);
+        }
+    }
+}
+
+/* 1 when every lane of v[0..GIN_P) is finite. */
+static inline int FN(finite_vecs)(const VEC v[GIN_P]) {
+    VEC z = (VEC){0};
+#pragma GCC unroll 32
+    for (int p = 0; p < GIN_P; p++) z += v[p] * 0; /* 0, or NaN where a lane is infinite or NaN */
+    int finite = 1;
+    for (int k = 0; k < VL; k++) finite &= z[k] == 0;
+    return finite;
+}
+
+/* With VCLAMP1 (one instruction for the clamp), a block whose x and weights are all finite (wfin: the weights') takes
+ * it: w - x is then never NaN, where VCLAMP1 and max/min differ. */
 static inline __attribute__((always_inline)) void FN(gin_tile_body)(const T *x0, T *g0, const int64_t *off, int64_t n,
                                                                    const T *w0, const T *gt, int64_t gos, int64_t Og,
                                                                    T *dw0, const int64_t *boff, int64_t nb,
-                                                                   const int wgrad) {
-    const VEC one = (VEC){0} + 1, mone = (VEC){0} - 1, one_h = FN(opaque_one)();
+                                                                   const int wfin, const int wgrad) {
+    (void)wfin;
     for (int64_t b = 0; b < nb; b++) { /* weight block b (Og*VL elements), at offset boff[b] of the images */
         const T *xb = x0 + boff[b], *wb = w0 + b * Og * VL;
         T *gb = g0 + boff[b], *dwb = wgrad ? dw0 + b * Og * VL : NULL;
@@ -549,36 +591,25 @@ static inline __attribute__((always_inline)) void FN(gin_tile_body)(const T *x0,
             nx[p] = -FN(ld)(xb + off[p]);
             acc[p] = (VEC){0};
         }
-        for (int64_t o = 0; o < Og; o++) {
-            const VEC wv = FN(ld)(wb + o * VL);
-            const T *go = gt + o * gos; /* g[p, o] = go[p]: packed, or the tensor's pixels read in place */
-#pragma GCC unroll 32
-            for (int p = 0; p < GIN_P; p++) {
-                /* with wgrad the product term's FMAs fill the FMA pipes, so w - x is a plain add there ("Port balance"
-                 * in adder_cpu.c; both forms give the same bits) */
-                const VEC d = wgrad ? wv + nx[p] : VSUBN(wv, nx[p], one_h);
-                acc[p] += go[p] * VMIN(one, VMAX(mone, d));
-            }
-            if (wgrad) { /* dw += sum_p g x over the tile's pixels (a tail's missing pixels have g = 0), an FMA each */
-                VEC t = FN(ld)(dwb + o * VL);
-#pragma GCC unroll 32
-                for (int p = 0; p < GIN_P; p++) t -= go[p] * nx[p];
-                FN(st)(dwb + o * VL, t);
-            }
-        }
+#ifdef VCLAMP1
+        if (wfin && FN(finite_vecs)(nx))
+            FN(gin_rows)(nx, acc, wb, gt, gos, Og, dwb, wgrad, 1);
+        else
+#endif
+            FN(gin_rows)(nx, acc, wb, gt, gos, Og, dwb, wgrad, 0);
         for (int64_t p = 0; p < n; p++) FN(st)(gb + off[p], FN(ld)(gb + off[p]) + acc[p]);
     }
 }
 
 static void FN(gin_tile)(const T *x0, T *g0, const int64_t *off, int64_t n, const T *w0, const T *gt, int64_t gos,
-                         int64_t Og, const int64_t *boff, int64_t nb) {
-    FN(gin_tile_body)(x0, g0, off, n, w0, gt, gos, Og, NULL, boff, nb, 0);
+                         int64_t Og, const int64_t *boff, int64_t nb, int wfin) {
+    FN(gin_tile_body)(x0, g0, off, n, w0, gt, gos, Og, NULL, boff, nb, wfin, 0);
 }
 
 static __attribute__((noinline)) void FN(gin_tile_w)(const T *x0, T *g0, const int64_t *off, int64_t n, const T *w0,
                                                      const T *gt, int64_t gos, int64_t Og, T *dw0,
-                                                     const int64_t *boff, int64_t nb) {
-    FN(gin_tile_body)(x0, g0, off, n, w0, gt, gos, Og, dw0, boff, nb, 1);
+                                                     const int64_t *boff, int64_t nb, int wfin) {
+    FN(gin_tile_body)(x0, g0, off, n, w0, gt, gos, Og, dw0, boff, nb, wfin, 1);
 }
 
 /* gx[n0:n1, groups g0:g1] = input gradient (groups own disjoint channels, so group ranges may run in
@@ -607,6 +638,7 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
         boff[b] = b / (kw * (Cgp / VL)) * di + b / (Cgp / VL) % kw * dj + b % (Cgp / VL) * VL;
     const int64_t *go = xo + L + GIN_P;
     T *gbuf = buf + (xin ? 0 : img), *gt = gbuf + (gin ? 0 : img);
+    const int wall = !s->wimg && FN(finite_run)(w2, G * Og * wo); /* all weights finite (one weight for all images) */
     for (int64_t n = n0; n < n1; n++) {
         const T *xi = xin ? x + n * xs[0] : buf;
         T *gi = gin ? gx + n * gxs[0] : gbuf;
@@ -616,6 +648,7 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
             const T *gg = g + n * gs[0] + gr * (s->ygs ? s->ygs : Og * gs[1]);
             const T *wgr = w2 + (s->wimg * n * G + gr) * Og * wo;
             T *dwg = dw ? dw + (slot * G + gr) * Og * wo : NULL;
+            const int wfin = s->wimg ? FN(finite_run)(wgr, Og * wo) : wall;
             for (int64_t q = 0; q < L; q += GIN_P) {
                 const int64_t m = L - q < GIN_P ? L - q : GIN_P;
                 int direct = m == GIN_P && nb < GIN_DIRECT_BLOCKS;
@@ -626,9 +659,9 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
                     for (int64_t o = 0; o < Og; o++) /* pack g[tile, o]; zero past the tail */
                         for (int p = 0; p < GIN_P; p++) gt[o * GIN_P + p] = p < m ? gg[o * gs[1] + go[q + p]] : 0;
                 if (dwg)
-                    FN(gin_tile_w)(xi + gr * Cgp, gi + gr * Cgp, xo + q, m, wgr, gtile, gos, Og, dwg, boff, nb);
+                    FN(gin_tile_w)(xi + gr * Cgp, gi + gr * Cgp, xo + q, m, wgr, gtile, gos, Og, dwg, boff, nb, wfin);
                 else
-                    FN(gin_tile)(xi + gr * Cgp, gi + gr * Cgp, xo + q, m, wgr, gtile, gos, Og, boff, nb);
+                    FN(gin_tile)(xi + gr * Cgp, gi + gr * Cgp, xo + q, m, wgr, gtile, gos, Og, boff, nb, wfin);
             }
         }
         for (int64_t h = 0; h < H * !gin; h++) /* copy the interior out, blocked as in pad_image */
