@@ -11,7 +11,8 @@
  * products accumulated into 32-bit lanes, one instruction), else vpmaddubsw, vpmaddwd, vpaddd; in
  * multiply-accumulates, the unit the "sad" lines compare with. The "gin + weight grad" line is the input
  * gradient's mix with the FMA that also sums g*x for the weight gradient (one more per term), with the subtraction
- * as a plain add on every core, as that kernel tile issues it (adder_cpu.c). The "fwd min form" lines are the forward's
+ * as a plain add on every core, as that kernel tile issues it (adder_cpu.c), and with 512-bit vectors the same with the
+ * clamp as one vrangeps (the tile's form on other than AMD CPUs). The "fwd min form" lines are the forward's
  * tile on layers with more than one tap, its loads included (MIN_FORM below), with the add on the FMA pipes (as the
  * kernels issue it on AMD CPUs) and as a plain add (on other CPUs, where it can also run on the FP adders). */
 #include <immintrin.h>
@@ -39,6 +40,7 @@ static double now(){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);
         F_(W, _fmadd_ps)(g, F_(W, _min_ps)(F_(W, _max_ps)(F_(W, _fmadd_ps)(w, one, x[k]), mo), one), acc[k])) \
     RUN(W, K, LANES, "gin + weight grad: +fma",                                                             \
         F_(W, _fmadd_ps)(g, x[k], F_(W, _fmadd_ps)(g, F_(W, _min_ps)(F_(W, _max_ps)(F_(W, _sub_ps)(w, x[k]), mo), one), acc[k]))) \
+    GIN_RANGE##W(K)                                                                                         \
     RUN(W, K, LANES, "conv: fma", F_(W, _fmadd_ps)(w, x[k], acc[k]))                                        \
     min_form_##W(ghz);                                                                                      \
     min_form_add_##W(ghz);                                                                                  \
@@ -72,6 +74,11 @@ static double now(){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);
 #define INT8_CONV256(K)                                                                                     \
   INT8_TIMED(256, K, "int8 conv: maddubs, madd, add",                                                       \
              _mm256_add_epi32(ia[k], _mm256_madd_epi16(_mm256_maddubs_epi16(ix[k], iw), _mm256_set1_epi16(1))))
+/* The same with the clamp as one vrangeps (AVX-512 on other than AMD CPUs: adder_cpu.c VCLAMP1). */
+#define GIN_RANGE256(K)
+#define GIN_RANGE512(K)                                                                                     \
+  RUN(512, K, 16, "gin + weight grad: range",                                                               \
+      _mm512_fmadd_ps(g, x[k], _mm512_fmadd_ps(g, _mm512_range_ps(_mm512_sub_ps(w, x[k]), one, 2), acc[k])))
 #if defined(__AVX512VNNI__)
 #define INT8_CONV512(K) INT8_TIMED(512, K, "int8 conv: vpdpbusd", _mm512_dpbusd_epi32(ia[k], ix[k], iw))
 #else

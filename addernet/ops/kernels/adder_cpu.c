@@ -181,8 +181,8 @@ static void store_runs_f(const float *const rows[8], float *y, int64_t cstride, 
 /* clamp(d, -1, 1) in one instruction: vrangeps, the smaller magnitude of d and 1 with d's sign. The same bits as
  * min(1, max(-1, d)) for every float but NaN (checked over all 2^32), which it turns into 1: the input gradient uses it
  * only where d = w - x cannot be NaN. The input gradient's mix with the weight gradient's FMA (sub, range, fma, fma
- * against sub, max, min, fma, fma) ran 1.25x as fast on an Intel Xeon (AVX-512); not measured on AMD cores, which
- * keep max and min. */
+ * against sub, max, min, fma, fma) ran 1.28-1.29x as fast on an Intel Xeon (scripts/cpu_peak.c); not measured on AMD
+ * cores, which keep max and min. */
 #define VCLAMP1(d) ((VEC)_mm512_range_ps((__m512)(d), _mm512_set1_ps(1.f), 2))
 #endif
 #elif ISA_AVX2

@@ -575,6 +575,16 @@ static inline int FN(finite_vecs)(const VEC v[GIN_P]) {
     return finite;
 }
 
+/* 1 when the n weights at wg let the input gradient's tiles take VCLAMP1: it is built and they are all finite. */
+static inline int FN(clamp_weights)(const T *wg, int64_t n) {
+#ifdef VCLAMP1
+    return FN(finite_run)(wg, n);
+#else
+    (void)wg, (void)n;
+    return 0;
+#endif
+}
+
 /* With VCLAMP1 (one instruction for the clamp), a block whose x and weights are all finite (wfin: the weights') takes
  * it: w - x is then never NaN, where VCLAMP1 and max/min differ. */
 static inline __attribute__((always_inline)) void FN(gin_tile_body)(const T *x0, T *g0, const int64_t *off, int64_t n,
@@ -638,7 +648,7 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
         boff[b] = b / (kw * (Cgp / VL)) * di + b / (Cgp / VL) % kw * dj + b % (Cgp / VL) * VL;
     const int64_t *go = xo + L + GIN_P;
     T *gbuf = buf + (xin ? 0 : img), *gt = gbuf + (gin ? 0 : img);
-    const int wall = !s->wimg && FN(finite_run)(w2, G * Og * wo); /* all weights finite (one weight for all images) */
+    const int wall = !s->wimg && FN(clamp_weights)(w2, G * Og * wo); /* one weight for all images */
     for (int64_t n = n0; n < n1; n++) {
         const T *xi = xin ? x + n * xs[0] : buf;
         T *gi = gin ? gx + n * gxs[0] : gbuf;
@@ -648,7 +658,7 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
             const T *gg = g + n * gs[0] + gr * (s->ygs ? s->ygs : Og * gs[1]);
             const T *wgr = w2 + (s->wimg * n * G + gr) * Og * wo;
             T *dwg = dw ? dw + (slot * G + gr) * Og * wo : NULL;
-            const int wfin = s->wimg ? FN(finite_run)(wgr, Og * wo) : wall;
+            const int wfin = s->wimg ? FN(clamp_weights)(wgr, Og * wo) : wall;
             for (int64_t q = 0; q < L; q += GIN_P) {
                 const int64_t m = L - q < GIN_P ? L - q : GIN_P;
                 int direct = m == GIN_P && nb < GIN_DIRECT_BLOCKS;
