@@ -7,10 +7,11 @@ weight-gradient identity) vs conv2d, with the peak memory each adds; the input-g
 alone; forward throughput in GOPS counting the paper's 2 ops (|x - w| and the add) per
 multiply-accumulate position, as a share of the FP32 CUDA-core peak (SMs x 128 lanes x 2 x clock)
 and of the adder's issue bound (half that: 2 instructions per position, where an FMA is 1).
-Then one ResNet-20 training step (forward + backward + SGD, batch 256), adder vs its CNN twin.
-Per-tile timings of the forward/input-gradient on a few shapes go to the JSON (tuning data).
+Then one ResNet-20 training step (forward + backward + SGD, batch 256), adder vs its CNN twin, eager and with
+CUDA graphs (trainer.cuda_graph). Per-tile timings of the forward/input-gradient on a few shapes go to the JSON
+(tuning data).
 
-    python scripts/bench_gpu.py [--quick] [--json PATH]      (JSON also to $OUT/bench_gpu.json)
+    python scripts/bench_gpu.py [--quick] [--step-only] [--json PATH]      (JSON also to $OUT/bench_gpu.json)
 """
 
 import argparse
@@ -143,8 +144,10 @@ def bench_tiles(spec, tk, warmup, reps):
 
 
 def train_step_bench(batch, warmup, reps):
-    """One ResNet-20 SGD step (fwd + bwd + adaptive LR + update) on random CIFAR-sized data: adder vs conv twin."""
+    """One ResNet-20 SGD step (fwd + bwd + adaptive LR + update) on random CIFAR-sized data: adder vs conv twin,
+    each as it runs eagerly and with its forward and backward replayed as CUDA graphs (trainer.cuda_graph)."""
     try:
+        from addernet.cuda_graph import CudaGraphed
         from addernet.models import build_model
     except ImportError as e:
         return {"error": f"addernet.models.build_model unavailable ({e}); skipped the training step"}
@@ -159,22 +162,25 @@ def train_step_bench(batch, warmup, reps):
             AdaptiveLR(model, 0.2).attach(opt)
         x = torch.randn(batch, 3, 32, 32, device="cuda")
         t = torch.randint(0, 10, (batch,), device="cuda")
+        res[layer] = {}
+        for mode, forward in (("eager", model), ("graph", CudaGraphed(model))):
 
-        def step():
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), t).backward()
-            opt.step()
+            def step():
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(forward(x), t).backward()
+                opt.step()
 
-        ms = timeit(step, warmup, reps)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        res[layer] = dict(ms=ms, peak_mb=torch.cuda.max_memory_allocated() / 2**20)
-        model = opt = None  # free this model before the next one is built
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()  # from before the graphs are recorded: their memory pool counts
+            ms = timeit(step, warmup, reps)
+            torch.cuda.synchronize()
+            res[layer][mode] = dict(ms=ms, peak_mb=torch.cuda.max_memory_allocated() / 2**20)
+        res[layer].update(res[layer]["eager"])  # the eager step's figures, as before the graphs were measured
+        model = opt = forward = None  # free this model (and its graphs) before the next one is built
         torch.cuda.empty_cache()
     res["time_ratio"] = res["adder"]["ms"] / res["conv"]["ms"]
     res["mem_ratio"] = res["adder"]["peak_mb"] / res["conv"]["peak_mb"]
+    res["graph_time_ratio"] = res["adder"]["graph"]["ms"] / res["conv"]["graph"]["ms"]
     return res
 
 
@@ -185,6 +191,7 @@ def fmt(v, spec="{:.3f}"):
 def main():
     ap = argparse.ArgumentParser(description="Triton adder kernels vs cuDNN on one GPU")
     ap.add_argument("--quick", action="store_true", help="fewer shapes and repeats (smoke run)")
+    ap.add_argument("--step-only", action="store_true", help="only the ResNet-20 training step, no layer table")
     ap.add_argument("--json", default=None, help="write results here (default $OUT/bench_gpu.json if OUT is set)")
     ap.add_argument("--overwrite", action="store_true", help="let --json replace a file this script did not write")
     a = ap.parse_args()
@@ -232,7 +239,7 @@ def main():
     )
 
     warmup, reps = (2, 5) if a.quick else (3, 15)
-    shapes = RESNET20[:2] + RESNET50[:2] if a.quick else RESNET20 + RESNET50
+    shapes = [] if a.step_only else RESNET20[:2] + RESNET50[:2] if a.quick else RESNET20 + RESNET50
     rows = []
     t0 = time.time()
     hdr = (
@@ -266,12 +273,14 @@ def main():
     if "error" in train:
         print("#", train["error"])
     else:
-        print(f"{'model':8} {'ms/step':>9} {'peak MB':>9}")
+        print(f"{'model':8} {'ms/step':>9} {'peak MB':>9} {'graphed ms':>11} {'graphed MB':>11}")
         for layer in ("adder", "conv"):
-            print(f"{layer:8} {train[layer]['ms']:9.2f} {train[layer]['peak_mb']:9.0f}")
+            r, g = train[layer], train[layer]["graph"]
+            print(f"{layer:8} {r['ms']:9.2f} {r['peak_mb']:9.0f} {g['ms']:11.2f} {g['peak_mb']:11.0f}")
         print(
             f"adder/conv: time {train['time_ratio']:.2f}x (target <= 3x), "
-            f"peak memory {train['mem_ratio']:.2f}x (target <= 2x)"
+            f"peak memory {train['mem_ratio']:.2f}x (target <= 2x); "
+            f"with CUDA graphs (trainer.cuda_graph) {train['graph_time_ratio']:.2f}x"
         )
 
     if out:

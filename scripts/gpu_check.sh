@@ -10,11 +10,12 @@
 # keeps 150 s, and the training jobs run in order of importance until the budget is spent (a job that
 # no longer fits is reported as not run). On an H200 it ran 494 s with GPU_CHECK_BUDGET=500 (docs/gpu.md).
 # Knobs: GPU_CHECK_STAGES="1 2 3 4" (the stages to run), GPU_CHECK_EPOCHS=2 (per training job; the
-# last epoch is the one reported, the first is warm-up), GPU_CHECK_TINY=1 (training jobs on a tiny
+# last epoch is the one reported, the first is warm-up), GPU_CHECK_JOBS="adder_device_graph ..." (the training jobs:
+# layer_data_mode with data device|loader and mode off|graph|compile), GPU_CHECK_TINY=1 (training jobs on a tiny
 # FakeData, with GPU_CHECK_DEVICE=cpu on a machine without a GPU: checks the commands, measures nothing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # scripts/ import addernet
 PY=${PYTHON:-python3}
 OUTDIR=${OUT:-}
 [ -n "$OUTDIR" ] && mkdir -p "$OUTDIR"
@@ -68,7 +69,8 @@ echo "bench exit code: $BENCH_RC ($(( $(date +%s) - T0 )) s elapsed)"
 fi
 
 if run_stage 4; then
-# Training throughput: ResNet-20 AdderNet and its CNN twin, DataLoader vs data.on_device, compile off/on.
+# Training throughput: ResNet-20 AdderNet and its CNN twin, DataLoader vs data.on_device, eager vs CUDA graphs vs
+# torch.compile.
 EPOCHS=${GPU_CHECK_EPOCHS:-2}
 RUNS=${OUTDIR:-$(mktemp -d)}/runs
 mkdir -p "$RUNS"
@@ -85,13 +87,18 @@ COMMON=(model=resnet20 "trainer.epochs=$EPOCHS" "trainer.device=${GPU_CHECK_DEVI
         trainer.log_every=1000000 trainer.hist_every=1000000 trainer.seed=0)
 echo "=== [4/4] training throughput: train.py ${DATA[0]} ${DATA[1]}, $EPOCHS epoch(s) per job, $(left) s left"
 DONE=()
-# In order of importance: the adder and its twin on the device path first (the comparison and the 400-epoch target),
-# then what compile does to each (it compiles during the first epoch: the slowest jobs), then the DataLoader path.
-for job in adder_device_off conv_device_off adder_device_on conv_device_on adder_loader_off conv_loader_off \
-           adder_loader_on conv_loader_on; do
-    IFS=_ read -r layer data comp <<< "$job"
+# In order of importance: the adder and its twin on the device path, eager and with CUDA graphs (the comparison and
+# the 400-epoch target), the adder with graphs from a DataLoader, then torch.compile (it compiles during the first
+# epoch: the slowest jobs), then the DataLoader path of the others. Without a GPU (GPU_CHECK_DEVICE=cpu) the CUDA
+# graph jobs are skipped: trainer.cuda_graph needs CUDA.
+JOBS=${GPU_CHECK_JOBS:-"adder_device_off conv_device_off adder_device_graph conv_device_graph adder_loader_graph
+      adder_device_compile conv_device_compile adder_loader_off conv_loader_off adder_loader_compile"}
+for job in $JOBS; do
+    IFS=_ read -r layer data mode <<< "$job"
+    if [ "$mode" = graph ] && [ "${GPU_CHECK_DEVICE:-cuda}" = cpu ]; then continue; fi
     args=("model.layer=$layer" "data.on_device=$([ "$data" = device ] && echo true || echo false)"
-          "trainer.compile=$([ "$comp" = on ] && echo true || echo false)")
+          "trainer.compile=$([ "$mode" = compile ] && echo true || echo false)"
+          "trainer.cuda_graph=$([ "$mode" = graph ] && echo true || echo false)")
     if [ "$layer" = conv ]; then args+=(adaptive_lr.enabled=false); fi
     budget=$(( $(left) - 15 ))  # 15 s kept for the summary
     budget=$(( budget < 180 ? budget : 180 ))

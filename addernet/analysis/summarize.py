@@ -209,6 +209,7 @@ def summarize(run_dir, epochs=None, images=None):
         "model": f"{cfg.get('model', {}).get('name')} {cfg.get('model', {}).get('layer')}",
         "data": "device" if on_device else "DataLoader",
         "compile": compiled,
+        "cuda_graph": bool(trainer.get("cuda_graph", False)),
         "device": device or "?",
         "epochs_run": len(records),
         "train_img_s": ips,
@@ -221,13 +222,18 @@ def summarize(run_dir, epochs=None, images=None):
     }
 
 
+def _speedup(row):
+    """The throughput table's speed-up cell: trainer.compile, trainer.cuda_graph or neither."""
+    return "compile" if row["compile"] else "cuda graph" if row.get("cuda_graph") else "off"
+
+
 def table(rows):
-    head = "| run | model | data | compile | device | train img/s | val img/s | epoch s (last) | projected | notes |"
+    head = "| run | model | data | speed-up | device | train img/s | val img/s | epoch s (last) | projected | notes |"
     lines = [head, "| --- | --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |"]
     for r in rows:
         projected = "" if r["projected_h"] is None else f"{r['projected_h']:.2f} h ({r['projection']})"
         lines.append(
-            f"| {r['run']} | {r['model']} | {r['data']} | {'on' if r['compile'] else 'off'} | {r['device']} | "
+            f"| {r['run']} | {r['model']} | {r['data']} | {_speedup(r)} | {r['device']} | "
             f"{_cell(r['train_img_s'], 0)} | {_cell(r['val_img_s'], 0)} | {_cell(r['epoch_s'])} | "
             f"{projected} | {'; '.join(r['notes'])} |"
         )

@@ -278,6 +278,7 @@ class Trainer:
     channels_last: bool = False  # channels-last memory format
     backend: str = "${oc.env:ADDERNET_BACKEND,fast}"  # adder kernels: fast | eager | reference (docs/adder_layer.md)
     compile: bool = False  # true: torch.compile the model in place (docs/gpu.md)
+    cuda_graph: bool = False  # true: replay the training forward and backward as CUDA graphs (one GPU; docs/gpu.md)
     deterministic: bool = False  # true: deterministic algorithms, no cuDNN autotuning (exact resume on CPU)
     seed: int = 0  # per-process seed is seed + rank; epoch randomness is f(seed, epoch, rank)
     resume: Optional[str] = None  # a checkpoint to start from when the run dir has no checkpoints/last.pt

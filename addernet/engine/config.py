@@ -81,8 +81,21 @@ def check_config(cfg, world=None):
             "trainer.sync_bn=true needs CUDA (torch's SyncBatchNorm does not run on CPU); "
             "use trainer.sync_bn=false for CPU runs."
         )
+    if trainer.cuda_graph:
+        check_cuda_graph(cfg, world)
     task.check_config(cfg.task, Student.from_config(cfg))
     return typed
+
+
+def check_cuda_graph(cfg, world):
+    """trainer.cuda_graph's rules: one CUDA process, not compiled (addernet/cuda_graph.py)."""
+    off = "or set trainer.cuda_graph=false"
+    if device_type(cfg) != "cuda":
+        raise ConfigError(f"trainer.cuda_graph=true needs a CUDA device (trainer.device=cuda) {off}.")
+    if world > 1:
+        raise ConfigError(f"trainer.cuda_graph=true runs in one process, not under torchrun ({world}); {off}.")
+    if cfg.trainer.compile:
+        raise ConfigError(f"trainer.cuda_graph=true and trainer.compile=true do not combine; keep one {off}.")
 
 
 def _check_names(cfg):

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from .. import distributed as dist
 from ..compile import compile_model
 from ..config.schema import Trainer
+from ..cuda_graph import CudaGraphed
 from ..data import build_dataset, build_loader, check_classes, class_names, num_workers
 from ..data.mix import build_mix
 from ..models import model_from_config, model_label
@@ -112,6 +113,7 @@ def build(cfg, typed, run_dir, device):
         "val_images": len(val_loader.dataset.dataset),
         "data_held_on": str(train_loader.device) if cfg.data.on_device else None,
         "compiled": getattr(model, "_compiled_call_impl", None) is not None,
+        "cuda_graph": trainer.cuda_graph,
         "adder_kernel": kernel,
     }
     outputs = _write_outputs(cfg, run_dir, main, start, resolved, hparams, facts)
@@ -162,7 +164,8 @@ def _data(cfg, device, rank, world, seed):
 
 
 def _optimization(cfg, typed, model, task, device):
-    """(optimizer, schedule, scaler, adaptive LR, weight average, stepper), the model and task DDP-wrapped."""
+    """(optimizer, schedule, scaler, adaptive LR, weight average, stepper), the model and task DDP-wrapped (or
+    CUDA-graphed)."""
     trainer = typed.trainer
     optimizer = build_optimizer(cfg.optim, task.param_groups())
     scheduler = build_scheduler(cfg.sched, optimizer, trainer.epochs)
@@ -172,6 +175,8 @@ def _optimization(cfg, typed, model, task, device):
     if dist.is_distributed():
         ids = [device.index] if device.type == "cuda" else None
         task.distribute(lambda m: nn.parallel.DistributedDataParallel(m, device_ids=ids))
+    elif trainer.cuda_graph:  # one process (check_config): the task calls the model through its graphs
+        task.distribute(CudaGraphed)
     ema = WeightEMA(model, trainer.ema_decay) if trainer.ema_decay is not None else None
     mix = build_mix(cfg.data)
     stepper = Stepper(task, optimizer, scaler, adaptive, trainer.accumulate, trainer.clip_grad_norm, ema, mix)

@@ -53,6 +53,7 @@ MAY_CHANGE = (
     "trainer.device",
     "trainer.backend",
     "trainer.compile",
+    "trainer.cuda_graph",
     "trainer.channels_last",
     "trainer.deterministic",
     "trainer.dist_timeout",

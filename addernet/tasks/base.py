@@ -97,7 +97,8 @@ class TrainingTask(nn.Module):
         return {}
 
     def distribute(self, wrap):
-        """Wrap the model and the trainable extra modules with ``wrap`` (DDP); forward calls ``self.net``."""
+        """Wrap the model and the trainable extra modules with ``wrap`` (DDP, or CudaGraphed for trainer.cuda_graph);
+        forward calls ``self.net``."""
         self._wrapped = {"model": wrap(self.model)}
         self._wrapped.update({name: wrap(m) for name, m in self.extra_modules().items() if name in self.trainable})
 
