@@ -37,6 +37,7 @@ def test_needs_a_cuda_device(cfg_train):
     [
         ({}, 2, r"runs in one process, not under torchrun \(2\)"),
         ({"compile": True}, 1, r"trainer.cuda_graph=true and trainer.compile=true do not combine"),
+        ({"accumulate": 2}, 1, r"needs trainer.accumulate=1 \(got 2\)"),
     ],
 )
 def test_refuses_what_a_graph_cannot_do(cfg_train, monkeypatch, change, world, message):

@@ -88,7 +88,7 @@ def check_config(cfg, world=None):
 
 
 def check_cuda_graph(cfg, world):
-    """trainer.cuda_graph's rules: one CUDA process, not compiled (addernet/cuda_graph.py)."""
+    """trainer.cuda_graph's rules: one CUDA process, not compiled, one backward per step (addernet/cuda_graph.py)."""
     off = "or set trainer.cuda_graph=false"
     if device_type(cfg) != "cuda":
         raise ConfigError(f"trainer.cuda_graph=true needs a CUDA device (trainer.device=cuda) {off}.")
@@ -96,6 +96,11 @@ def check_cuda_graph(cfg, world):
         raise ConfigError(f"trainer.cuda_graph=true runs in one process, not under torchrun ({world}); {off}.")
     if cfg.trainer.compile:
         raise ConfigError(f"trainer.cuda_graph=true and trainer.compile=true do not combine; keep one {off}.")
+    if cfg.trainer.accumulate > 1:  # a replay rewrites the gradient memory the previous micro-batch left in .grad
+        raise ConfigError(
+            f"trainer.cuda_graph=true needs trainer.accumulate=1 (got {cfg.trainer.accumulate}): a replayed backward "
+            f"reuses the memory of the previous micro-batch's gradients; use a smaller data.batch_size {off}."
+        )
 
 
 def _check_names(cfg):
