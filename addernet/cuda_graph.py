@@ -47,9 +47,9 @@ class CudaGraphed(nn.Module):
         hooked = hooked_modules(model)
         if hooked:
             raise ConfigError(
-                f"trainer.cuda_graph=true cannot replay the Python hooks on {', '.join(hooked[:3])}"
-                f"{' ...' if len(hooked) > 3 else ''} (a task's feature taps, e.g. task=pkkd); "
-                "use trainer.cuda_graph=false for this run."
+                f"trainer.cuda_graph=true cannot record the Python hooks on {', '.join(hooked[:3])}"
+                f"{' ...' if len(hooked) > 3 else ''}, which a replay would skip (task=pkkd's feature taps, a "
+                "torchvision ViT's input-size check); use trainer.cuda_graph=false for this run."
             )
         super().__init__()
         self.model, self.graphed, self.key = model, None, None
