@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 from torch.nn.modules.utils import _pair
 
-from .conv_args import check_args, check_inputs, compute_dtype, out_hw, output_format, padding_arg
+from .conv_args import as_dtype, check_args, check_inputs, compute_dtype, out_hw, output_format, padding_arg
 from .kernels import build, cpu, eager
 from .reference import adder2d_reference
 
@@ -76,12 +76,18 @@ def _kernels(device, backend):
 
 def _forward(kernels, x, weight, stride, padding, dilation, groups):
     y = kernels.forward(x, weight, tuple(stride), tuple(padding), tuple(dilation), groups)
-    return y.to(x.dtype).contiguous(memory_format=output_format(x))
+    return _like_input(y, x)
 
 
 def _grad_input(kernels, x, weight, grad_out, stride, padding, dilation, groups):
     gx = kernels.grad_input(x, weight, grad_out, tuple(stride), tuple(padding), tuple(dilation), groups)
-    return gx.to(x.dtype).contiguous(memory_format=output_format(x))
+    return _like_input(gx, x)
+
+
+def _like_input(t, x):
+    """A kernel's result t in x's dtype and output memory format (the eager kernel returns contiguous NCHW); t itself
+    where it already is (the CPU and Triton kernels' results), with no copy and no torch call for the dtype."""
+    return as_dtype(t, x.dtype).contiguous(memory_format=output_format(x))
 
 
 @torch.library.custom_op("addernet::adder2d_forward", mutates_args=())
@@ -178,7 +184,7 @@ def grad_weight(x, weight, grad_out, stride, padding, dilation, groups):
 def _weight_product(x, weight, grad_out, stride, padding, dilation, groups):
     """The weight gradient's product term sum g*X (the convolution weight gradient), in the compute dtype."""
     dt = compute_dtype(x.dtype)
-    x, w, g = x.to(dt), weight.to(dt), grad_out.to(dt)
+    x, w, g = as_dtype(x, dt), as_dtype(weight, dt), as_dtype(grad_out, dt)
     pointwise = w.shape[2:] == (1, 1) and tuple(stride) == (1, 1) and tuple(padding) == (0, 0)
     if pointwise and (x.shape[0] == 1 or output_format(x) == torch.channels_last):
         xm = x.transpose(0, 1).reshape(groups, x.shape[1] // groups, -1)  # (G, Cg, N*H*W)
@@ -191,8 +197,8 @@ def _weight_product(x, weight, grad_out, stride, padding, dilation, groups):
 
 def _weight_grad(product, weight, grad_out):
     """dL/dW from its product term sum g*X (in the compute dtype): minus W * sum g, in the weight's dtype."""
-    w, g = weight.to(product.dtype), grad_out.to(product.dtype)
-    return (product - w * g.sum((0, 2, 3)).view(-1, 1, 1, 1)).to(weight.dtype)
+    w, g = as_dtype(weight, product.dtype), as_dtype(grad_out, product.dtype)
+    return as_dtype(product - w * g.sum((0, 2, 3)).view(-1, 1, 1, 1), weight.dtype)
 
 
 def _grad_input_weight(kernels, x, weight, grad_out, stride, padding, dilation, groups):
@@ -203,7 +209,7 @@ def _grad_input_weight(kernels, x, weight, grad_out, stride, padding, dilation, 
     gx, product = fused(x, weight, grad_out, *conf) if fused else (kernels.grad_input(x, weight, grad_out, *conf), None)
     if product is None:
         product = _weight_product(x, weight, grad_out, stride, padding, dilation, groups)
-    return gx.to(x.dtype).contiguous(memory_format=output_format(x)), product
+    return _like_input(gx, x), product
 
 
 def _setup_context(ctx, inputs, output):

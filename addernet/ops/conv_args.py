@@ -14,6 +14,12 @@ def compute_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def as_dtype(t, dtype):
+    """t in ``dtype``: t itself where it already is, as Tensor.to returns it, without the torch call (about a
+    microsecond, several of which a layer call would pay)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
 def output_format(x):
     """Memory format of an output and an input gradient for input x: channels-last when x is (and is not also
     plain contiguous), as torch's convolutions decide; contiguous NCHW otherwise."""

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.nn.functional as F
 
-from ..conv_args import compute_dtype, output_format
+from ..conv_args import as_dtype, compute_dtype, output_format
 from .build import Geometry, library
 
 _KERNEL_DTYPES = {torch.float32: "_f", torch.float64: "_d"}
@@ -58,11 +58,12 @@ def available():
     return True
 
 
-def _run(fn, dt, args, ranges, work):
-    """Run kernel `fn` for dtype `dt` over `ranges` in parallel, raising on failure;
-    on one thread when there is one range or too little work (`work` ~ abs-differences)."""
+def _run(lib, fn, dt, args, ranges, work):
+    """Run kernel `fn` of `lib` (the caller's _lib(), so that one call reads the environment once) for dtype `dt` over
+    `ranges` in parallel, raising on failure; on one thread when there is one range or too little work (`work` ~
+    abs-differences)."""
     global _pool
-    lib, suf = _lib(), _KERNEL_DTYPES[dt]
+    suf = _KERNEL_DTYPES[dt]
     workers = 1 if len(ranges) == 1 or work < SERIAL_WORK else torch.get_num_threads()
     if lib.adder_openmp():
         flat = [v for r in ranges for v in r]
@@ -84,13 +85,21 @@ def _arr(values):
     return (ctypes.c_int64 * len(values))(*values)
 
 
-def _geometry(x, w, stride, padding, dilation, groups, cpad):
-    """The call's Geometry; output channels per group padded to the vector width, and with ``cpad`` the input
-    channels per group too (the input gradient's scratch)."""
-    vl = _lib().adder_vbytes() // x.element_size()
-    cg, og = w.shape[1], w.shape[0] // groups
+@functools.lru_cache(maxsize=1024)
+def _geometry(x_shape, w_shape, stride, padding, dilation, groups, vl, cpad):
+    """The Geometry of input shape ``x_shape`` against weight shape ``w_shape`` (stride, padding, dilation: int
+    2-tuples), ``vl`` elements to a vector; output channels per group padded to the vector width, and with ``cpad``
+    the input channels per group too (the input gradient's scratch). Kept per shape, as a training step repeats its
+    layers' shapes, and shared: the kernels only read it (const adder_geometry *), and a caller that changes a field
+    changes a copy (_scores_geometry)."""
+    cg, og = w_shape[1], w_shape[0] // groups
     cgp = -(-cg // vl) * vl if cpad else cg
-    return Geometry.of(x.shape, w.shape, stride, padding, dilation, groups, Cgp=cgp, Opad=-(-og // vl) * vl)
+    return Geometry.of(x_shape, w_shape, stride, padding, dilation, groups, Cgp=cgp, Opad=-(-og // vl) * vl)
+
+
+def _vl(lib, dt):
+    """Elements of dtype ``dt`` to one of the kernel's vectors."""
+    return lib.adder_vbytes() // dt.itemsize
 
 
 def _splits(total, parts):
@@ -118,10 +127,10 @@ def _pointwise_view(x, w, stride, padding):
     return x[:, :, :: stride[0], :: stride[1]]
 
 
-def _negated_forward_weight(s, dt):
+def _negated_forward_weight(lib, s, dt):
     """Whether the forward of the layer with geometry s takes the weight negated: the direct form computes x - w as
     x + (-w); the min form (adder_forward_min_form: AVX2 and AVX-512, more than one tap) sums min(x, w)."""
-    return not getattr(_lib(), "adder_forward_min_form" + _KERNEL_DTYPES[dt])(s)
+    return not getattr(lib, "adder_forward_min_form" + _KERNEL_DTYPES[dt])(s)
 
 
 def _pack_forward(w, opad, vl, negate, group_dims=1):
@@ -129,16 +138,19 @@ def _pack_forward(w, opad, vl, negate, group_dims=1):
     (k: the taps and input channels in the order the kernel steps through them) -> the weight packed per group in
     blocks of 2*vl output channels, [k][block] each, zero in Og..Opad-1 (adder_cpu.c), (prod G, K*Opad); negated with
     `negate` (_negated_forward_weight). One pass over w when Og is a multiple of vl
-    (a 512->512 3x3 weight: 2.4 ms, against 30 ms in five passes, on a Sapphire Rapids-class Xeon, 1 thread)."""
+    (a 512->512 3x3 weight: 2.4 ms, against 30 ms in five passes, on a Sapphire Rapids-class Xeon, 1 thread). Each
+    part is moved only where there is one: a layer of up to vl output channels per group has no full block, and the
+    empty block's views and move cost more than the rest of a small layer's packing."""
     w = w.detach()
     if w.shape[-1] < opad:
         w = F.pad(w, (0, opad - w.shape[-1]))
     groups, taps, full = w.shape[:group_dims], w.shape[group_dims:-1], opad // (2 * vl) * (2 * vl)
     k = math.prod(taps)
     out = torch.empty(math.prod(groups), k * opad, dtype=w.dtype)
-    blocks = w[..., :full].unflatten(-1, (full // (2 * vl), 2 * vl)).movedim(-2, group_dims)  # (*G, blocks, *k, 2vl)
     move = torch.neg if negate else lambda src, out: out.copy_(src)
-    move(blocks, out=out[:, : k * full].view(*groups, full // (2 * vl), *taps, 2 * vl))
+    if full:  # (*G, blocks, *k, 2vl)
+        blocks = w[..., :full].unflatten(-1, (full // (2 * vl), 2 * vl)).movedim(-2, group_dims)
+        move(blocks, out=out[:, : k * full].view(*groups, full // (2 * vl), *taps, 2 * vl))
     if full < opad:
         move(w[..., full:], out=out[:, k * full :].view(*groups, *taps, opad - full))
     return out
@@ -165,22 +177,18 @@ def forward(x, w, stride, padding, dilation, groups):
     view = _pointwise_view(x, w, stride, padding)
     if view is not None:
         return forward(view, w, (1, 1), (0, 0), dilation, groups)
-    dt = compute_dtype(x.dtype)
-    xk, wk = x.to(dt), w.to(dt)
-    s = _geometry(xk, wk, stride, padding, dilation, groups, cpad=False)
+    lib, dt = _lib(), compute_dtype(x.dtype)
+    xk, wk = as_dtype(x, dt), as_dtype(w, dt)
+    vl = _vl(lib, dt)
+    s = _geometry(x.shape, w.shape, stride, padding, dilation, groups, vl, False)
     per_group = wk.reshape(groups, s.Og, s.Cg, s.kh, s.kw)
-    wt = _pack_forward(
-        per_group.permute(0, 3, 4, 2, 1),
-        s.Opad,
-        _lib().adder_vbytes() // xk.element_size(),
-        _negated_forward_weight(s, dt),
-    )
+    wt = _pack_forward(per_group.permute(0, 3, 4, 2, 1), s.Opad, vl, _negated_forward_weight(lib, s, dt))
     y = torch.empty(s.N, w.shape[0], s.Ho, s.Wo, dtype=dt, memory_format=output_format(x))
     if y.numel() == 0:
-        return y.to(x.dtype)
+        return as_dtype(y, x.dtype)
     args = (xk.data_ptr(), _arr(xk.stride()), wt.data_ptr(), y.data_ptr(), _arr(y.stride()), s)
-    _run("adder_forward", dt, args, _forward_ranges(s), y.numel() * wk[0].numel())
-    return y.to(x.dtype)
+    _run(lib, "adder_forward", dt, args, _forward_ranges(s), y.numel() * s.Cg * s.kh * s.kw)
+    return as_dtype(y, x.dtype)
 
 
 def grad_input(x, w, grad_out, stride, padding, dilation, groups):
@@ -205,10 +213,10 @@ def _grad_input(x, w, grad_out, stride, padding, dilation, groups, wgrad):
         gv, gw = _grad_input(view, w, grad_out, (1, 1), (0, 0), dilation, groups, wgrad)
         gx[:, :, :: stride[0], :: stride[1]] = gv
         return gx, gw
-    dt = compute_dtype(x.dtype)
-    xk, wk, gk = x.to(dt), w.to(dt), grad_out.to(dt)
-    s = _geometry(xk, wk, stride, padding, dilation, groups, cpad=True)
-    vl = _lib().adder_vbytes() // xk.element_size()
+    lib, dt = _lib(), compute_dtype(x.dtype)
+    xk, wk, gk = as_dtype(x, dt), as_dtype(w, dt), as_dtype(grad_out, dt)
+    vl = _vl(lib, dt)
+    s = _geometry(x.shape, w.shape, stride, padding, dilation, groups, vl, True)
     per_group = wk.reshape(groups, s.Og, s.Cg, s.kh, s.kw).permute(0, 1, 3, 4, 2)
     w2 = _pack_grad_input(per_group, s.Cgp, vl)
     gx = torch.empty(x.shape, dtype=dt, memory_format=output_format(x))
@@ -227,14 +235,14 @@ def _grad_input(x, w, grad_out, stride, padding, dilation, groups, wgrad):
             s,
             None if dw is None else dw.data_ptr(),
         )
-        _run("adder_grad_input", dt, args, ranges, gk.numel() * wk[0].numel())
+        _run(lib, "adder_grad_input", dt, args, ranges, gk.numel() * s.Cg * s.kh * s.kw)
     else:
         gx.zero_()
     if dw is None:
-        return gx.to(x.dtype), None
+        return as_dtype(gx, x.dtype), None
     # the slots' sum, [G][kh][kw][Cgp/vl][Og][vl] -> (G*Og, Cg, kh, kw)
     gw = dw.sum(0).permute(0, 4, 3, 5, 1, 2).reshape(groups * s.Og, s.Cgp, s.kh, s.kw)[:, : s.Cg]
-    return gx.to(x.dtype), gw.contiguous()
+    return as_dtype(gx, x.dtype), gw.contiguous()
 
 
 # ---- l1_scores (ops/attention.py): a weight per image, the attention layouts read and written in place -------------
@@ -247,11 +255,11 @@ def _images(a):
     return a.transpose(1, 2).reshape(b, n, 1, h * d).permute(0, 3, 1, 2)
 
 
-def _scores_geometry(x, heads, m, cpad):
+def _scores_geometry(x, heads, m, vl, cpad):
     """Geometry of images x (B, H*d, n, 1) against a weight per image of H groups of m filters of d channels; the
-    output (gradient) is (B, H, n, m): its groups n*m apart."""
+    output (gradient) is (B, H, n, m): its groups n*m apart. A copy of _geometry's shared one, as it changes it."""
     n, d = x.shape[2], x.shape[1] // heads
-    s = _geometry(x, torch.empty(heads * m, d, 1, 1, device="meta"), (1, 1), (0, 0), (1, 1), heads, cpad)
+    s = Geometry.from_buffer_copy(_geometry(x.shape, (heads * m, d, 1, 1), (1, 1), (0, 0), (1, 1), heads, vl, cpad))
     s.wimg, s.ygs = 1, n * m
     return s
 
@@ -260,17 +268,16 @@ def scores(q, k):
     """S[b, h, i, j] = -sum_c |q[b, h, i, c] - k[b, h, j, c]| for q (B, H, Nq, d) and k (B, H, Nk, d) of one float
     dtype: every image b its own keys as the weight of H groups. Returns S contiguous (B, H, Nq, Nk), written by the
     kernel in place; q is read in place when its memory is [B][Nq][H][d]."""
-    dt = compute_dtype(q.dtype)
+    lib, dt = _lib(), compute_dtype(q.dtype)
     b, h, nq, d = q.shape
     nk = k.shape[2]
-    x, kk = _images(q.to(dt)), k.to(dt)
-    s = _scores_geometry(x, h, nk, cpad=False)
-    negate = _negated_forward_weight(s, dt)
-    wt = _pack_forward(kk.transpose(2, 3), s.Opad, _lib().adder_vbytes() // x.element_size(), negate, group_dims=2)
+    x, kk, vl = _images(q.to(dt)), k.to(dt), _vl(lib, dt)
+    s = _scores_geometry(x, h, nk, vl, cpad=False)
+    wt = _pack_forward(kk.transpose(2, 3), s.Opad, vl, _negated_forward_weight(lib, s, dt), group_dims=2)
     y = torch.empty(b, h, nq, nk, dtype=dt)
     if y.numel():
         args = (x.data_ptr(), _arr(x.stride()), wt.data_ptr(), y.data_ptr(), _arr((h * nq * nk, 1, nk, 1)), s)
-        _run("adder_forward", dt, args, _forward_ranges(s), y.numel() * d)
+        _run(lib, "adder_forward", dt, args, _forward_ranges(s), y.numel() * d)
     return y.to(q.dtype)
 
 
@@ -278,12 +285,12 @@ def scores_grad(q, k, grad, transposed):
     """The input gradient of scores() for q: dL/dq[b, h, i] = sum_j g_ij HardTanh(k_j - q_i), with g = grad (B, H,
     Nq, Nk); transposed=True reads g as its transpose (B, H, Nk, Nq) (the keys' gradient: the call with q and k
     swapped). Returns it as a view (B, H, Nq, d) of memory [B][Nq][H][d], the layout of q's projection."""
-    dt = compute_dtype(q.dtype)
+    lib, dt = _lib(), compute_dtype(q.dtype)
     b, h, nq, d = q.shape
     nk = k.shape[2]
-    x, kk = _images(q.to(dt)), k.to(dt)
-    s = _scores_geometry(x, h, nk, cpad=True)
-    w2 = _pack_grad_input(kk[:, :, :, None, None, :], s.Cgp, _lib().adder_vbytes() // x.element_size())
+    x, kk, vl = _images(q.to(dt)), k.to(dt), _vl(lib, dt)
+    s = _scores_geometry(x, h, nk, vl, cpad=True)
+    w2 = _pack_grad_input(kk[:, :, :, None, None, :], s.Cgp, vl)
     g = grad.to(dt).contiguous()
     # as (B, H*Nk, Nq, 1): channel j, pixel i of group h; g's memory is [B][H][Nq][Nk], or [B][H][Nk][Nq] transposed
     gs = (h * nq * nk, nq, 1, 1) if transposed else (h * nq * nk, 1, nk, 1)
@@ -301,5 +308,5 @@ def scores_grad(q, k, grad, transposed):
             None,
         )
         ranges = [(*r, 0) for r in _image_ranges(b, h, torch.get_num_threads())]
-        _run("adder_grad_input", dt, args, ranges, g.numel() * d)
+        _run(lib, "adder_grad_input", dt, args, ranges, g.numel() * d)
     return gx.to(q.dtype).permute(0, 2, 3, 1).reshape(b, nq, h, d).transpose(1, 2)
