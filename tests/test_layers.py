@@ -17,7 +17,7 @@ LAYERS = [
     ("errors", "checks", "registry", "config"),
     ("ops",),
     ("models",),
-    ("data", "optim", "checkpoint", "distributed", "compile", "forward", "zoo"),
+    ("data", "optim", "checkpoint", "distributed", "compile", "cuda_graph", "forward", "zoo"),
     ("tasks", "quant", "analysis"),
     ("engine",),
     ("tools",),
