@@ -52,7 +52,8 @@ def test_refuses_what_a_graph_cannot_do(cfg_train, monkeypatch, change, world, m
 def test_refuses_a_model_with_hooks():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
     model[1].register_forward_hook(lambda m, i, o: None)  # a hook a replay would skip
-    with pytest.raises(ConfigError, match=r"cannot record the Python hooks on 1, which a replay would skip .*trainer.cuda_graph=false"):
+    message = r"cannot record the Python hooks on 1, which a replay would skip .*trainer.cuda_graph=false"
+    with pytest.raises(ConfigError, match=message):
         CudaGraphed(model)
 
 
