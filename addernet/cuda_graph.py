@@ -54,6 +54,9 @@ class CudaGraphed(nn.Module):
         super().__init__()
         self.model, self.graphed, self.key = model, None, None
 
+    #: the device whose batches are recorded and replayed (tests run the logic on CPU with a stand-in recorder)
+    device_type = "cuda"
+
     @staticmethod
     def _key(x):
         device = x.device.type
@@ -61,7 +64,8 @@ class CudaGraphed(nn.Module):
         return tuple(x.shape), x.stride(), x.dtype, x.device, amp
 
     def forward(self, x):
-        if not (self.model.training and torch.is_grad_enabled() and x.is_cuda and not x.requires_grad):
+        replays = x.device.type == self.device_type and not x.requires_grad
+        if not (replays and self.model.training and torch.is_grad_enabled()):
             return self.model(x)
         if self.graphed is None:
             self.graphed, self.key = self._record(x), self._key(x)

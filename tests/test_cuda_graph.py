@@ -141,3 +141,39 @@ def test_evaluates_as_the_model(cfg_train):
     got, expected = evaluate(wrapped, loader, torch.device("cpu")), evaluate(model, loader, torch.device("cpu"))
     assert (got["top1"], got["loss"], got["n"]) == (expected["top1"], expected["loss"], expected["n"])
     assert model.training and wrapped.training
+
+
+def test_the_engine_replays_full_batches_and_leaves_training_as_it_was(tmp_path, monkeypatch):
+    """The engine's graphed path on CPU, with a stand-in for make_graphed_callables that runs the recorder's three
+    warm-up passes (which move the BatchNorm statistics) and returns the module, counting its calls: the two full
+    batches of each epoch go through the recorded callable, the smaller last one through the model, and the run's
+    figures are exactly the eager run's (so recording left the BatchNorm statistics as they were)."""
+    recorded, replays = [], []
+
+    def stand_in(module, sample_args):
+        params = [p for p in module.parameters() if p.requires_grad]
+        for _ in range(3):
+            torch.autograd.grad(module(*sample_args).sum(), params)
+        recorded.append(tuple(sample_args[0].shape))
+
+        def replay(x):
+            replays.append(tuple(x.shape))
+            return module(x)
+
+        return replay
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", stand_in)
+    monkeypatch.setattr(CudaGraphed, "device_type", "cpu")
+    monkeypatch.setattr(engine_config, "check_cuda_graph", lambda cfg, world: None)
+    records = {}
+    for graph in ("false", "true"):
+        run = tmp_path / graph
+        train(compose(FAKE + [f"trainer.cuda_graph={graph}", "data.train_size=40", "trainer.epochs=2"]), str(run))
+        records[graph] = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert recorded == [(16, 3, 28, 28)]
+    assert replays == [(16, 3, 28, 28)] * 4  # 2 epochs x 2 full batches of 16; the batches of 8 ran the model
+    keys = ("train_loss", "train_top1", "val_loss", "val_top1")
+    assert [[r[k] for k in keys] for r in records["true"]] == [[r[k] for k in keys] for r in records["false"]]
+    eager, graphed = (torch.load(tmp_path / g / "checkpoints" / "last.pt", weights_only=True)["model"] for g in records)
+    for name, value in eager.items():  # weights and BatchNorm statistics; num_batches_tracked counts 6 steps in both
+        assert torch.equal(graphed[name], value), name
