@@ -7,9 +7,9 @@ weight-gradient identity) vs conv2d, with the peak memory each adds; the input-g
 alone; forward throughput in GOPS counting the paper's 2 ops (|x - w| and the add) per
 multiply-accumulate position, as a share of the FP32 CUDA-core peak (SMs x 128 lanes x 2 x clock)
 and of the adder's issue bound (half that: 2 instructions per position, where an FMA is 1).
-Then one ResNet-20 training step (forward + backward + SGD, batch 256), adder vs its CNN twin, eager and with
-CUDA graphs (trainer.cuda_graph). Per-tile timings of the forward/input-gradient on a few shapes go to the JSON
-(tuning data).
+Then one ResNet-20 training step (forward + backward + SGD, batch 256), adder vs its CNN twin, eager (with the
+host's time to issue it and the GPU's busy time) and with CUDA graphs (trainer.cuda_graph). Per-tile timings of
+the forward/input-gradient on a few shapes go to the JSON (tuning data).
 
     python scripts/bench_gpu.py [--quick] [--step-only] [--json PATH]      (JSON also to $OUT/bench_gpu.json)
 """
@@ -55,6 +55,31 @@ def timeit(fn, warmup, reps):
         b.synchronize()
         times.append(a.elapsed_time(b))
     return statistics.median(times)
+
+
+def host_ms(fn, reps=10):
+    """Median milliseconds the host takes to issue fn on an idle GPU (perf_counter from a synchronised start to fn's
+    return): a step whose host time is its CUDA-event time is bound by the host."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def busy_ms(fn, reps=5):
+    """Milliseconds per call fn keeps the GPU busy: its kernels' time in torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / 1e3 / reps
 
 
 def peak_mb(fn):
@@ -175,12 +200,14 @@ def train_step_bench(batch, warmup, reps):
             ms = timeit(step, warmup, reps)
             torch.cuda.synchronize()
             res[layer][mode] = dict(ms=ms, peak_mb=torch.cuda.max_memory_allocated() / 2**20)
-        res[layer].update(res[layer]["eager"])  # the eager step's figures, as before the graphs were measured
+            if mode == "eager":  # where an eager step's time goes: issuing it, or the GPU's work
+                res[layer][mode].update(host_ms=host_ms(step), busy_ms=busy_ms(step))
         model = opt = forward = None  # free this model (and its graphs) before the next one is built
         torch.cuda.empty_cache()
-    res["time_ratio"] = res["adder"]["ms"] / res["conv"]["ms"]
-    res["mem_ratio"] = res["adder"]["peak_mb"] / res["conv"]["peak_mb"]
-    res["graph_time_ratio"] = res["adder"]["graph"]["ms"] / res["conv"]["graph"]["ms"]
+    adder, conv = res["adder"], res["conv"]
+    res["time_ratio"] = adder["eager"]["ms"] / conv["eager"]["ms"]
+    res["mem_ratio"] = adder["eager"]["peak_mb"] / conv["eager"]["peak_mb"]
+    res["graph_time_ratio"] = adder["graph"]["ms"] / conv["graph"]["ms"]
     return res
 
 
@@ -273,10 +300,16 @@ def main():
     if "error" in train:
         print("#", train["error"])
     else:
-        print(f"{'model':8} {'ms/step':>9} {'peak MB':>9} {'graphed ms':>11} {'graphed MB':>11}")
+        print(
+            f"{'model':8} {'ms/step':>9} {'host ms':>8} {'busy ms':>8} {'peak MB':>9} "
+            f"{'graphed ms':>11} {'graphed MB':>11}"
+        )
         for layer in ("adder", "conv"):
-            r, g = train[layer], train[layer]["graph"]
-            print(f"{layer:8} {r['ms']:9.2f} {r['peak_mb']:9.0f} {g['ms']:11.2f} {g['peak_mb']:11.0f}")
+            r, g = train[layer]["eager"], train[layer]["graph"]
+            print(
+                f"{layer:8} {r['ms']:9.2f} {r['host_ms']:8.2f} {r['busy_ms']:8.2f} {r['peak_mb']:9.0f} "
+                f"{g['ms']:11.2f} {g['peak_mb']:11.0f}"
+            )
         print(
             f"adder/conv: time {train['time_ratio']:.2f}x (target <= 3x), "
             f"peak memory {train['mem_ratio']:.2f}x (target <= 2x); "
