@@ -77,7 +77,9 @@ def _fwd_bwd(x, w, conf, gy, backend, monkeypatch):
 # channels-last copy (NCHW <-> channels-last copies with blocks of 8 x 8 and tails); over 256 output channels (the
 # input gradient packs every tile of g); NCHW 1x1 layers along their pixels (whole vectors of them, the tail in the
 # tiles), at stride 2 from a copy of the pixels they read, over more channels than are summed in registers at once,
-# and over 64 channels (read in place, where another layer's image would be copied channels-last)
+# and over 64 channels (read in place, where another layer's image would be copied channels-last); NCHW layers of
+# up to 16 channels per group along their pixels (rows of whole vectors, the last rows in the tiles; a tail of output
+# channels; groups, dilation, batch 1)
 FLOAT_CASES = [
     (2, 5, 260, 4, 6, (3, 3), 1, 1, 1, 1),
     (3, 40, 72, 9, 11, (3, 3), 2, 1, 1, 2),
@@ -91,6 +93,8 @@ FLOAT_CASES = [
     (2, 12, 22, 14, 12, (1, 1), 2, 0, 1, 1),
     (2, 40, 13, 6, 7, (1, 1), 1, 0, 1, 1),
     (2, 72, 16, 6, 6, (1, 1), 1, 0, 1, 1),
+    (2, 12, 20, 5, 16, (3, 3), 1, 1, 1, 1),
+    (1, 24, 16, 6, 16, (3, 3), 1, 2, 2, 2),
 ]
 
 

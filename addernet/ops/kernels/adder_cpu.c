@@ -48,6 +48,7 @@
 #define FWD_P2M 8 /* V = 2, the min form */
 #define GIN_P 8
 #define FWD_PO 12 /* the 1x1 forward along the pixels: output channels per tile */
+#define FWD_PK 8  /* and a min-form layer's along the pixels (pk_tile): 16 accumulators */
 #else
 #define FWD_P1 12
 #define FWD_P2 6
@@ -55,12 +56,17 @@
                    * to the stack, a chain through memory every channel step */
 #define GIN_P 4
 #define FWD_PO 5 /* 10 accumulators, 2 pixel vectors, the broadcast weight, the abs mask, a temporary */
+#define FWD_PK 4 /* 8 accumulators, 2 pixel vectors, the broadcast weight, a min, the constant 1 */
 #endif
 
 /* The largest image the forward reads plane by plane (adder_cpu_body.h): channels, and C*H*W*sizeof(T) bytes. */
 #define PLANES_CHANNELS 64
 #define PLANES_BYTES (256 * 1024)
 #define PV_CHANNELS 256 /* and the most input channels per group a 1x1 layer reads plane by plane along its pixels */
+/* The most input channels per group of a layer whose min-form forward runs along its pixels (pk_tile): ResNet-20's
+ * 16-channel 3x3 forward ran 1.05-1.09x as fast that way, its 32- and 64-channel ones 0.96-1.00x and 0.90-0.94x
+ * (Intel Xeon, AVX-512 and AVX2 code, 1 thread). */
+#define PK_CHANNELS 16
 
 /* The input gradient reads a tile of g (GIN_P pixels x Og channels) in place, when its pixels are consecutive in
  * memory, only if the tile runs fewer than this many blocks of the weight; else it packs the tile first, into one

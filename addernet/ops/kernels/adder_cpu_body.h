@@ -268,22 +268,36 @@ static void FN(patch_sums)(const T *bg, int64_t cs, int64_t rs, int64_t ps, int6
                 for (int64_t c = 1; c < Cg; c++) t += px[c];
                 col[h * Wr + w] = t;
             }
-    else /* planes: a row of a plane at a time */
+    else /* planes: a row of a plane at a time (the loops for consecutive pixels written out, so that they vectorise) */
         for (int64_t h = 0; h < Hr; h++) {
             double *o = col + h * Wr;
             const T *r = bg + h * rs;
+            if (ps == 1) {
+                for (int64_t w = 0; w < Wr; w++) o[w] = r[w];
+                for (int64_t c = 1; c < Cg; c++)
+                    for (int64_t w = 0; w < Wr; w++) o[w] += r[c * cs + w];
+                continue;
+            }
             for (int64_t w = 0; w < Wr; w++) o[w] = r[w * ps];
             for (int64_t c = 1; c < Cg; c++)
                 for (int64_t w = 0; w < Wr; w++) o[w] += r[c * cs + w * ps];
         }
     for (int64_t q = q0; q < q1;) { /* along output rows */
         const int64_t oy = q / Wo, ox0 = q % Wo, n = Wo - ox0 < q1 - q ? Wo - ox0 : q1 - q;
-        for (int64_t k = 0; k < n; k++) row[k] = 0;
-        for (int64_t i = 0; i < s->kh; i++)
-            for (int64_t j = 0; j < s->kw; j++) {
-                const double *c0 = col + (oy * s->sh + i * s->dh) * Wr + ox0 * s->sw + j * s->dw;
-                for (int64_t k = 0; k < n; k++) row[k] += c0[k * s->sw];
+        const double *c0 = col + oy * s->sh * Wr + ox0 * s->sw;
+        int64_t k0 = 0;
+        if (s->sw == 1) /* 8 pixels' sums in registers over the taps (through row in memory, a chain of loads and stores) */
+            for (; k0 + 8 <= n; k0 += 8) {
+                double t[8] = {0};
+                for (int64_t i = 0; i < s->kh; i++)
+                    for (int64_t j = 0; j < s->kw; j++)
+                        for (int k = 0; k < 8; k++) t[k] += c0[i * s->dh * Wr + j * s->dw + k0 + k];
+                for (int k = 0; k < 8; k++) row[k0 + k] = t[k];
             }
+        for (int64_t k = k0; k < n; k++) row[k] = 0;
+        for (int64_t i = 0; i < s->kh; i++)
+            for (int64_t j = 0; j < s->kw; j++)
+                for (int64_t k = k0; k < n; k++) row[k] += c0[i * s->dh * Wr + j * s->dw + k * s->sw];
         for (int64_t k = 0; k < n; k++) sx[q - q0 + k] = (T)row[k];
         q += n;
     }
@@ -311,6 +325,7 @@ static int FN(weight_sums)(const T *wg, int64_t K, int64_t Opad, double *acc, T 
 }
 
 #define PV_OGP(s) (((s)->Og + FWD_PO - 1) / FWD_PO * FWD_PO) /* output channels of pv_weight's rows */
+#define PK_OGP(s) (((s)->Og + FWD_PK - 1) / FWD_PK * FWD_PK) /* output channels of pk_tile's weight rows */
 #if defined(VFMA) /* AVX2, AVX-512 */
 #define FWD_PV 1
 /* A 1x1 layer on NCHW planes, vectorised along the pixels instead of the output channels: PO output channels x 2*VL
@@ -365,13 +380,69 @@ static void FN(pv_pixels)(const T *bg, int64_t cs, const int64_t *off, int gathe
             FN(pv_tile)(xp, xcs, wpv + o0, Ogp, Cg, yg + o0 * ycs + q, ycs, Og - o0 < FWD_PO ? Og - o0 : FWD_PO, FWD_PO);
     }
 }
-/* wpv[c][o] = the packed (negated) weight wg of one group (adder_forward), Og output channels padded to PV_OGP. */
-static void FN(pv_weight)(const T *wg, const adder_geometry *s, T *wpv) {
-    const int64_t Cg = s->Cg, Og = s->Og, Opad = s->Opad, Ogp = PV_OGP(s);
+/* wpv[k][o] = the packed weight wg of one group (adder_forward: negated for the direct form), k over the K = kh*kw*Cg
+ * (tap, channel) pairs, Og output channels padded to Ogp. */
+static void FN(pv_weight)(const T *wg, const adder_geometry *s, int64_t Ogp, T *wpv) {
+    const int64_t K = s->kh * s->kw * s->Cg, Og = s->Og, Opad = s->Opad;
     for (int64_t o = 0; o < Ogp; o++) {
         const int64_t blk = o / (2 * VL) * (2 * VL), width = blk + 2 * VL <= Opad ? 2 * VL : VL;
-        for (int64_t c = 0; c < Cg; c++) wpv[c * Ogp + o] = o < Og ? wg[blk * Cg + c * width + (o - blk)] : 0;
+        for (int64_t k = 0; k < K; k++) wpv[k * Ogp + o] = o < Og ? wg[blk * K + k * width + (o - blk)] : 0;
     }
+}
+
+/* A min-form layer (more than one tap) on NCHW planes, vectorised along the pixels as pv_tile is: FWD_PK output
+ * channels x 2 vectors of VL consecutive pixels of an output row each, the weight broadcast and each vector of pixels
+ * loaded whole from its plane at every tap, the output stored as whole vectors of its planes. fwd_tile's register tile
+ * instead broadcasts every pixel through its own pointer, which on 16-channel planes ran at about 40% of the min form's
+ * peak. The same terms in the same order as fwd_tile (tap by tap, FWD_KC channels in registers, then into the running
+ * sum, kept in y) and fwd_combine's combination, so the same bits. xa, xb: the two vectors' first pixels at tap (0, 0),
+ * channel 0 (channel stride cs); tap: the taps' offsets; wp: w[o0] at tap 0, channel 0, stride Ogp per (tap,
+ * channel); ya, yb: the outputs of channel o0 (channel stride ycs); sxa, sxb: the pixels' patch sums; sw: the output
+ * channels' weight sums; no <= FWD_PK: the valid output channels. */
+static inline __attribute__((always_inline)) void FN(pk_tile)(const T *xa, const T *xb, int64_t cs, const int64_t *tap,
+                                                             int64_t taps, const T *wp, int64_t Ogp, int64_t Cg, T *ya,
+                                                             T *yb, int64_t ycs, const T *sxa, const T *sxb,
+                                                             const T *sw, int64_t no) {
+    VEC acc[FWD_PK][2];
+    const VEC one = FN(opaque_one)();
+    for (int64_t t = 0; t < taps; t++) {
+        const T *a = xa + tap[t], *b = xb + tap[t], *wt = wp + t * Cg * Ogp;
+        for (int64_t c0 = 0; c0 < Cg; c0 += FWD_KC) {
+            const int64_t c1 = Cg - c0 < FWD_KC ? Cg : c0 + FWD_KC;
+#pragma GCC unroll 16
+            for (int k = 0; k < FWD_PK; k++) acc[k][0] = acc[k][1] = (VEC){0};
+            for (int64_t c = c0; c < c1; c++) {
+                const VEC x0 = FN(ld)(a + c * cs), x1 = FN(ld)(b + c * cs);
+#pragma GCC unroll 16
+                for (int k = 0; k < FWD_PK; k++) {
+                    const VEC wv = wt[c * Ogp + k] - (VEC){0}; /* broadcast; x the second operand of min: NaN stays */
+                    acc[k][0] = VACC(acc[k][0], VMIN(wv, x0), one);
+                    acc[k][1] = VACC(acc[k][1], VMIN(wv, x1), one);
+                }
+            }
+            const int first = t == 0 && c0 == 0, last = t == taps - 1 && c1 == Cg;
+            for (int64_t k = 0; k < no; k++)
+                for (int v = 0; v < 2; v++) {
+                    T *yv = (v ? yb : ya) + k * ycs;
+                    VEC r = first ? acc[k][v] : FN(ld)(yv) + acc[k][v];
+                    if (last) r = -((FN(ld)(v ? sxb : sxa) + (sw[k] - (VEC){0})) - (r + r));
+                    FN(st)(yv, r);
+                }
+        }
+    }
+}
+
+/* pk_tile over the output pixels q = 0, 2*VL, ... < nq of one image and group (off, to: their offsets into the image
+ * read, bg, and the output, yg; sx their patch sums), every output channel. */
+static void FN(pk_pixels)(const T *bg, int64_t cs, const int64_t *off, const int64_t *to, const int64_t *tap,
+                          const T *wpk, const adder_geometry *s, T *yg, int64_t ycs, const T *sx, const T *sw,
+                          int64_t nq) {
+    const int64_t Cg = s->Cg, Og = s->Og, Ogp = PK_OGP(s), taps = s->kh * s->kw;
+    for (int64_t q = 0; q < nq; q += 2 * VL)
+        for (int64_t o0 = 0; o0 < Og; o0 += FWD_PK)
+            FN(pk_tile)(bg + off[q], bg + off[q + VL], cs, tap, taps, wpk + o0, Ogp, Cg, yg + o0 * ycs + to[q],
+                        yg + o0 * ycs + to[q + VL], ycs, sx + q, sx + q + VL, sw + o0,
+                        Og - o0 < FWD_PK ? Og - o0 : FWD_PK);
 }
 #else
 #define FWD_PV 0
@@ -433,12 +504,22 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
     int *wfin = FWD_MIN ? malloc(sizeof(int) * (size_t)wgroups) : NULL;
     /* such a layer's scratch (pv_pixels): 2*VL pixels of each channel, then the weight transposed (pv_weight) */
     const int pv = pv_layer && q1 - q0 >= 2 * VL;
+    /* a min-form layer read plane by plane at horizontal stride 1 into NCHW planes, with output rows of whole vectors:
+     * pk_pixels, where the sums of x and w are finite; its scratch: the weight transposed, then the taps' offsets */
+    const int pk = FWD_PV && MIN_FORM(s) && Cg <= PK_CHANNELS && cs != 1 && ps == 1 && s->sw == 1 && ys[1] != 1 && ys[3] == 1 &&
+                   s->Wo % VL == 0 && q0 % VL == 0 && q1 - q0 >= 2 * VL;
     T *pvx = pv ? malloc(sizeof(T) * (size_t)(Cg * 2 * VL + Cg * PV_OGP(s))) : NULL;
-    if (!buf || !xo || (FWD_MIN && (!col || !sx || !wfin)) || (pv && !pvx)) {
-        free(buf), free(xo), free(col), free(sx), free(wfin), free(pvx);
+    T *pkw = pk ? malloc(sizeof(T) * (size_t)(K * PK_OGP(s)) + sizeof(int64_t) * (size_t)(kh * kw)) : NULL;
+    if (!buf || !xo || (FWD_MIN && (!col || !sx || !wfin)) || (pv && !pvx) || (pk && !pkw)) {
+        free(buf), free(xo), free(col), free(sx), free(wfin), free(pvx), free(pkw);
         return 1;
     }
+    int64_t *taps = pk ? (int64_t *)(pkw + K * PK_OGP(s)) : NULL;
+    for (int64_t i = 0; pk && i < kh; i++)
+        for (int64_t j = 0; j < kw; j++) taps[i * kw + j] = i * s->dh * rs + j * s->dw * ps;
     const int64_t *to = xo + L + FWD_P1, di = s->dh * rs, dj = s->dw * ps;
+    int pk_ready = 0; /* pkw holds the weight of a layer with one group */
+    (void)pk_ready, (void)taps;
     VEC acc[FWD_P1][2];
     for (int64_t n = n0; n < n1; n++) {
         const T *img_n = copy ? buf : x + n * xs[0];
@@ -464,8 +545,15 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
                 /* the pixels copied when they are not consecutive in x (a strided view) */
                 const int gather = !(s->sw * ps == 1 && (s->Ho == 1 || s->sh * rs == s->Wo));
                 T *wpv = pvx + Cg * 2 * VL;
-                if (n == n0 || g1 - g0 > 1 || s->wimg) FN(pv_weight)(wg, s, wpv); /* one group at a time */
+                if (n == n0 || g1 - g0 > 1 || s->wimg) FN(pv_weight)(wg, s, PV_OGP(s), wpv); /* one group at a time */
                 FN(pv_pixels)(bg, cs, xo + q0, gather, pvx, wpv, s, yg + to[q0], ys[1], nq);
+                qs = q0 + nq;
+            }
+            if (pk && xfin && wfin[gw]) {
+                const int64_t nq = (q1 - q0) / (2 * VL) * (2 * VL);
+                if (!pk_ready || g1 - g0 > 1 || s->wimg) FN(pv_weight)(wg, s, PK_OGP(s), pkw); /* one group's */
+                pk_ready = 1;
+                FN(pk_pixels)(bg, cs, xo + q0, to + q0, taps, pkw, s, yg, ys[1], sx, swg, nq);
                 qs = q0 + nq;
             }
 #endif
@@ -519,6 +607,7 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
             }
         }
     }
+    free(pkw);
     free(pvx);
     free(wfin);
     free(sx);
@@ -575,6 +664,16 @@ static inline int FN(finite_vecs)(const VEC v[GIN_P]) {
     return finite;
 }
 
+/* 1 when the first nv vectors of each of the n pixels at x (pixel stride ps) are all finite. */
+static int FN(finite_pixels)(const T *x, int64_t n, int64_t ps, int64_t nv) {
+    VEC z[2] = {{0}, {0}}; /* 0, or NaN where a lane met an infinity or a NaN; two chains */
+    for (int64_t q = 0; q < n; q++)
+        for (int64_t v = 0; v < nv; v++) z[q & 1] += FN(ld)(x + q * ps + v * VL) * 0;
+    int finite = 1;
+    for (int k = 0; k < VL; k++) finite &= z[0][k] + z[1][k] == 0;
+    return finite;
+}
+
 /* 1 when the n weights at wg let the input gradient's tiles take VCLAMP1: it is built and they are all finite. */
 static inline int FN(clamp_weights)(const T *wg, int64_t n) {
 #ifdef VCLAMP1
@@ -585,8 +684,9 @@ static inline int FN(clamp_weights)(const T *wg, int64_t n) {
 #endif
 }
 
-/* With VCLAMP1 (one instruction for the clamp), a block whose x and weights are all finite (wfin: the weights') takes
- * it: w - x is then never NaN, where VCLAMP1 and max/min differ. */
+/* With VCLAMP1 (one instruction for the clamp), a block whose x and weights are all finite takes it: w - x is then
+ * never NaN, where VCLAMP1 and max/min differ. wfin: 2 when the weights and the whole image are finite, 1 when the
+ * weights are (the block's x is checked here: per block, the check cost about 5% of a 16-channel layer's tile), 0. */
 static inline __attribute__((always_inline)) void FN(gin_tile_body)(const T *x0, T *g0, const int64_t *off, int64_t n,
                                                                    const T *w0, const T *gt, int64_t gos, int64_t Og,
                                                                    T *dw0, const int64_t *boff, int64_t nb,
@@ -602,7 +702,7 @@ static inline __attribute__((always_inline)) void FN(gin_tile_body)(const T *x0,
             acc[p] = (VEC){0};
         }
 #ifdef VCLAMP1
-        if (wfin && FN(finite_vecs)(nx))
+        if (wfin == 2 || (wfin && FN(finite_vecs)(nx)))
             FN(gin_rows)(nx, acc, wb, gt, gos, Og, dwb, wgrad, 1);
         else
 #endif
@@ -658,7 +758,11 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
             const T *gg = g + n * gs[0] + gr * (s->ygs ? s->ygs : Og * gs[1]);
             const T *wgr = w2 + (s->wimg * n * G + gr) * Og * wo;
             T *dwg = dw ? dw + (slot * G + gr) * Og * wo : NULL;
-            const int wfin = s->wimg ? FN(clamp_weights)(wgr, Og * wo) : wall;
+            int wfin = s->wimg ? FN(clamp_weights)(wgr, Og * wo) : wall;
+            /* and the group's image read all finite, checked once where that is cheaper than per block (a dozen
+             * vector instructions, against one per vector of the image): then no check per block */
+            if (wfin && (L + GIN_P - 1) / GIN_P * nb * 4 >= Hp * Wp * (Cgp / VL))
+                wfin += FN(finite_pixels)(xi + gr * Cgp, Hp * Wp, Ct, Cgp / VL);
             for (int64_t q = 0; q < L; q += GIN_P) {
                 const int64_t m = L - q < GIN_P ? L - q : GIN_P;
                 int direct = m == GIN_P && nb < GIN_DIRECT_BLOCKS;
