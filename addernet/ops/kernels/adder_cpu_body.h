@@ -103,8 +103,17 @@ static void FN(copy_interior)(const T *x, const int64_t *xs, const adder_geometr
 /* Copy groups g0..g1-1 of one image (x already offset to it) into zero-padded channels-last scratch
  * buf[Hp][Wp][G][Cgp]; channels Cg..Cgp-1 of those groups are zero, the other groups are not written. */
 static void FN(pad_image)(const T *x, const int64_t *xs, const adder_geometry *s, T *buf, int64_t g0, int64_t g1) {
-    const int64_t Cg = s->Cg, Cgp = s->Cgp, Ct = s->G * Cgp, Wp = s->W + 2 * s->pw;
-    if (s->ph || s->pw || Cgp > Cg) FN(zero_groups)(s, buf, g0, g1); /* else the copy writes every element */
+    const int64_t Cg = s->Cg, Cgp = s->Cgp, Ct = s->G * Cgp, Wp = s->W + 2 * s->pw, ph = s->ph, pw = s->pw;
+    if (Cgp == Cg && g1 - g0 == s->G) { /* the copy writes the interior: zero the border only (rows, then columns) */
+        const int64_t H = s->H, row = Wp * Ct;
+        memset(buf, 0, sizeof(T) * (size_t)(ph * row));
+        memset(buf + (ph + H) * row, 0, sizeof(T) * (size_t)(ph * row));
+        for (int64_t h = ph; h < ph + H && pw; h++) {
+            memset(buf + h * row, 0, sizeof(T) * (size_t)(pw * Ct));
+            memset(buf + h * row + (pw + s->W) * Ct, 0, sizeof(T) * (size_t)(pw * Ct));
+        }
+    } else if (ph || pw || Cgp > Cg)
+        FN(zero_groups)(s, buf, g0, g1); /* else the copy writes every element */
     for (int64_t g = g0; g < g1; g++) FN(copy_interior)(x + g * Cg * xs[1], xs, s, buf + g * Cgp, 1, Wp * Ct, Ct, 0, Cg);
 }
 
@@ -765,12 +774,15 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
                 wfin += FN(finite_pixels)(xi + gr * Cgp, Hp * Wp, Ct, Cgp / VL);
             for (int64_t q = 0; q < L; q += GIN_P) {
                 const int64_t m = L - q < GIN_P ? L - q : GIN_P;
-                int direct = m == GIN_P && nb < GIN_DIRECT_BLOCKS;
-                for (int p = 1; p < GIN_P; p++) direct &= go[q + p] == go[q] + p;
+                int run = m == GIN_P; /* the tile's pixels consecutive in g */
+                for (int p = 1; p < GIN_P; p++) run &= go[q + p] == go[q] + p;
+                const int direct = run && nb < GIN_DIRECT_BLOCKS;
                 const T *gtile = direct ? gg + go[q] : gt;
                 const int64_t gos = direct ? gs[1] : GIN_P;
-                if (!direct)
-                    for (int64_t o = 0; o < Og; o++) /* pack g[tile, o]; zero past the tail */
+                if (!direct && run) /* pack g[tile, o]: a run of GIN_P elements per output channel */
+                    for (int64_t o = 0; o < Og; o++) memcpy(gt + o * GIN_P, gg + o * gs[1] + go[q], sizeof(T) * GIN_P);
+                else if (!direct)
+                    for (int64_t o = 0; o < Og; o++) /* element by element; zero past the tail */
                         for (int p = 0; p < GIN_P; p++) gt[o * GIN_P + p] = p < m ? gg[o * gs[1] + go[q + p]] : 0;
                 if (dwg)
                     FN(gin_tile_w)(xi + gr * Cgp, gi + gr * Cgp, xo + q, m, wgr, gtile, gos, Og, dwg, boff, nb, wfin);
