@@ -442,10 +442,11 @@ static inline __attribute__((always_inline)) void FN(pk_tile)(const T *xa, const
 }
 
 /* pk_tile over the output pixels q = 0, 2*VL, ... < nq of one image and group (off, to: their offsets into the image
- * read, bg, and the output, yg; sx their patch sums), every output channel. */
-static void FN(pk_pixels)(const T *bg, int64_t cs, const int64_t *off, const int64_t *to, const int64_t *tap,
-                          const T *wpk, const adder_geometry *s, T *yg, int64_t ycs, const T *sx, const T *sw,
-                          int64_t nq) {
+ * read, bg, and the output, yg; sx their patch sums), every output channel. Out of line: inlined, it slowed the 1x1
+ * layers' forward by 2-4% (the register allocation of adder_forward). */
+static __attribute__((noinline)) void FN(pk_pixels)(const T *bg, int64_t cs, const int64_t *off, const int64_t *to,
+                                                    const int64_t *tap, const T *wpk, const adder_geometry *s, T *yg,
+                                                    int64_t ycs, const T *sx, const T *sw, int64_t nq) {
     const int64_t Cg = s->Cg, Og = s->Og, Ogp = PK_OGP(s), taps = s->kh * s->kw;
     for (int64_t q = 0; q < nq; q += 2 * VL)
         for (int64_t o0 = 0; o0 < Og; o0 += FWD_PK)
@@ -513,8 +514,9 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
     int *wfin = FWD_MIN ? malloc(sizeof(int) * (size_t)wgroups) : NULL;
     /* such a layer's scratch (pv_pixels): 2*VL pixels of each channel, then the weight transposed (pv_weight) */
     const int pv = pv_layer && q1 - q0 >= 2 * VL;
-    /* a min-form layer read plane by plane at horizontal stride 1 into NCHW planes, with output rows of whole vectors:
-     * pk_pixels, where the sums of x and w are finite; its scratch: the weight transposed, then the taps' offsets */
+    /* a min-form layer of few channels read plane by plane at horizontal stride 1 into NCHW planes, with output rows
+     * of whole vectors: pk_pixels, where the sums of x and w are finite; its scratch: the weight transposed, then the
+     * taps' offsets */
     const int pk = FWD_PV && MIN_FORM(s) && Cg <= PK_CHANNELS && cs != 1 && ps == 1 && s->sw == 1 && ys[1] != 1 && ys[3] == 1 &&
                    s->Wo % VL == 0 && q0 % VL == 0 && q1 - q0 >= 2 * VL;
     T *pvx = pv ? malloc(sizeof(T) * (size_t)(Cg * 2 * VL + Cg * PV_OGP(s))) : NULL;
