@@ -64,8 +64,8 @@
 #define PLANES_BYTES (256 * 1024)
 #define PV_CHANNELS 256 /* and the most input channels per group a 1x1 layer reads plane by plane along its pixels */
 /* The most input channels per group of a layer whose min-form forward runs along its pixels (pk_tile): ResNet-20's
- * 16-channel 3x3 forward ran 1.05-1.09x as fast that way, its 32- and 64-channel ones 0.96-1.00x and 0.90-0.94x
- * (Intel Xeon, AVX-512 and AVX2 code, 1 thread). */
+ * 16-channel 3x3 forward ran 1.02-1.11x as fast that way, its 32-channel one 0.93-0.99x and its 64-channel one
+ * 0.91-0.93x (AVX2 code) (Intel Xeon, 1 thread). */
 #define PK_CHANNELS 16
 
 /* The input gradient reads a tile of g (GIN_P pixels x Og channels) in place, when its pixels are consecutive in
