@@ -517,18 +517,18 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
     /* a min-form layer of few channels read plane by plane at horizontal stride 1 into NCHW planes, with output rows
      * of whole vectors: pk_pixels, where the sums of x and w are finite; its scratch: the weight transposed, then the
      * taps' offsets */
-    const int pk = FWD_PV && MIN_FORM(s) && Cg <= PK_CHANNELS && cs != 1 && ps == 1 && s->sw == 1 && ys[1] != 1 && ys[3] == 1 &&
-                   s->Wo % VL == 0 && q0 % VL == 0 && q1 - q0 >= 2 * VL;
+    const int pk = FWD_PV && MIN_FORM(s) && Cg <= PK_CHANNELS && cs != 1 && ps == 1 && s->sw == 1 && ys[1] != 1 &&
+                   ys[3] == 1 && s->Wo % VL == 0 && q0 % VL == 0 && q1 - q0 >= 2 * VL;
     T *pvx = pv ? malloc(sizeof(T) * (size_t)(Cg * 2 * VL + Cg * PV_OGP(s))) : NULL;
     T *pkw = pk ? malloc(sizeof(T) * (size_t)(K * PK_OGP(s)) + sizeof(int64_t) * (size_t)(kh * kw)) : NULL;
     if (!buf || !xo || (FWD_MIN && (!col || !sx || !wfin)) || (pv && !pvx) || (pk && !pkw)) {
         free(buf), free(xo), free(col), free(sx), free(wfin), free(pvx), free(pkw);
         return 1;
     }
+    const int64_t *to = xo + L + FWD_P1, di = s->dh * rs, dj = s->dw * ps;
     int64_t *taps = pk ? (int64_t *)(pkw + K * PK_OGP(s)) : NULL;
     for (int64_t i = 0; pk && i < kh; i++)
-        for (int64_t j = 0; j < kw; j++) taps[i * kw + j] = i * s->dh * rs + j * s->dw * ps;
-    const int64_t *to = xo + L + FWD_P1, di = s->dh * rs, dj = s->dw * ps;
+        for (int64_t j = 0; j < kw; j++) taps[i * kw + j] = i * di + j * dj;
     int pk_ready = 0; /* pkw holds the weight of a layer with one group */
     (void)pk_ready, (void)taps;
     VEC acc[FWD_P1][2];
