@@ -12,9 +12,11 @@ both as well.
 Peak memory is the rise of the process's peak resident set (VmHWM, reset through
 /proc/self/clear_refs) over one fwd+bwd, with glibc's mmap threshold pinned so freed tensors go
 back to the OS; it counts everything (PyTorch tensors, kernel scratch, library workspaces). It is measured in a
-fresh process of its own: the times are taken with glibc's default allocator, as training runs. Pinned, every large
-allocation is a fresh mapping whose pages fault in on first touch, and that slowed nn.Conv2d more than Adder2d
-(1.6-4.2x against 1.1-1.7x on ResNet-20's layers, AMD EPYC Zen 3), flattering the fast/conv column.
+fresh process of its own: the times are taken with the allocator train.py trains with (trainer.retain_freed_memory:
+glibc keeps freed memory for reuse; --system-malloc: the C library's defaults, which fault large freed blocks back
+in, differently in each process). Pinned, every large allocation is a fresh mapping whose pages fault in on first
+touch, and that slowed nn.Conv2d more than Adder2d (1.6-4.2x against 1.1-1.7x on ResNet-20's layers, AMD EPYC Zen 3),
+flattering the fast/conv column.
 
 The whole-step section times one ResNet-20 training step (forward, backward, adaptive LR, SGD)
 of the AdderNet and its CNN twin at batch 64 and 128, each measurement in a fresh subprocess (a
@@ -27,6 +29,7 @@ with a warning when the machine was busy (others' load makes every figure noisy)
 
     python scripts/bench_adder.py [--quick] [--json PATH] [--repeats N] [--threads N]
                                   [--no-layers] [--step-rounds N] [--train-rounds N] [--train-size N]
+                                  [--system-malloc]
 
 --kernels ISA,ISA,... prints only the float kernels' throughput instead: forward, input gradient, and input
 gradient with the weight gradient's product term summed in the same tiles (grad_in+w: what a training step calls
@@ -78,7 +81,7 @@ from addernet.errors import reported
 from addernet.models import build_model
 from addernet.ops.adder2d import grad_weight
 from addernet.ops.kernels import build, cpu
-from addernet.tools.bench import busy, kernel_sources, ratio_summary, ref_estimate_gb, set_env
+from addernet.tools.bench import busy, kernel_sources, ratio_summary, ref_estimate_gb, set_env, timing_allocator
 
 ROOT = Path(__file__).resolve().parents[1]
 # (name, batch, in, out, size, kernel, stride, padding): every ResNet-20 shape at batch 64, five ResNet-50 at 8
@@ -154,7 +157,7 @@ def peak_memory(shapes, ref_limit_gb):
 
 
 def memory_child(quick, ref_limit_gb, threads):
-    """peak_memory in a fresh process (the timing process keeps the default allocator)."""
+    """peak_memory in a fresh process (the timing process keeps the allocator it times with)."""
     cmd = [sys.executable, __file__, "--child-memory", "--ref-limit-gb", str(ref_limit_gb)] + ["--quick"] * quick
     cmd += ["--threads", str(threads)] if threads else []
     out = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), cwd=ROOT)
@@ -346,7 +349,7 @@ def _print_summary(r, what):
     )
 
 
-def step_ratio(batch, rounds, repeats, threads, channels_last=False):
+def step_ratio(batch, rounds, repeats, threads, channels_last=False, system_malloc=False):
     """Whole-step ms of both twins, each in a fresh subprocess, interleaved A B A B."""
     times = {"adder": [], "conv": []}
     cpu = {"adder": [], "conv": []}
@@ -357,6 +360,8 @@ def step_ratio(batch, rounds, repeats, threads, channels_last=False):
                 cmd += ["--threads", str(threads)]
             if channels_last:
                 cmd += ["--channels-last"]
+            if system_malloc:
+                cmd += ["--system-malloc"]
             out = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), cwd=ROOT)
             if out.returncode:
                 sys.exit(f"whole-step child ({layer}, batch {batch}) failed:\n{out.stderr[-2000:]}")
@@ -373,7 +378,7 @@ def step_ratio(batch, rounds, repeats, threads, channels_last=False):
     )
 
 
-def train_ratio(rounds, train_size, batch):
+def train_ratio(rounds, train_size, batch, system_malloc=False):
     """images/s of `python train.py data=fake` for both twins, interleaved A B A B."""
     ips = {"adder": [], "conv": []}
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
@@ -389,7 +394,7 @@ def train_ratio(rounds, train_size, batch):
                     "trainer.epochs=1",
                     f"model.layer={layer}",
                     f"hydra.run.dir={run}",
-                ]
+                ] + (["trainer.retain_freed_memory=false"] if system_malloc else [])
                 out = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), cwd=ROOT)
                 metrics = run / "metrics.jsonl"
                 if out.returncode or not metrics.exists():
@@ -450,6 +455,9 @@ def main():
         "--step-batches", type=lambda v: [int(b) for b in v.split(",")], default=[64, 128], help="whole-step batches"
     )
     ap.add_argument("--channels-last", action="store_true", help="whole-step timing in channels-last memory format")
+    ap.add_argument(
+        "--system-malloc", action="store_true", help="time with the C library's allocator defaults, not train.py's"
+    )
     ap.add_argument("--child-step", choices=("adder", "conv"), help=argparse.SUPPRESS)
     ap.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=64, help=argparse.SUPPRESS)
@@ -458,6 +466,7 @@ def main():
     if args.json:
         output_file(args.json, "--json", json_with("meta", "rows"), args.overwrite)
     if args.child_step:  # one side of the whole-step timing, in this fresh process
+        timing_allocator(args.system_malloc)
         if args.threads:
             torch.set_num_threads(args.threads)
         step = model_step(args.batch, args.repeats or 5, (args.child_step,), args.channels_last)
@@ -474,6 +483,7 @@ def main():
         ap.error(f"--against needs a checkout of this repository; got {args.against!r}")
     if args.against and not (args.kernels or args.step_rounds):
         ap.error("--against compares the kernels (--kernels ISA) or the whole step (--step-rounds N, not 0)")
+    allocator = timing_allocator(args.system_malloc)
     if args.kernels:
         shapes = RESNET20 if args.quick else RESNET20 + RESNET50
         return kernel_throughput(shapes, args.kernels.split(","), repeats, args.against)
@@ -494,19 +504,23 @@ def main():
         "repeats": repeats,
         "memory_measured": memory is not None and memory["pinned"],  # with RSS tracking live memory
         "load_before": os.getloadavg(),
+        "allocator": allocator,
     }
     print(f"# {meta['date']}  torch {meta['torch']}  repeats {repeats}  {build.machine(meta['threads'])}")
+    print(f"# allocator: {allocator}")
     print("# times: median fwd+bwd wall ms (± half the interquartile range); memory: peak RSS rise, MiB")
     print(HEADER)
     ref_repeats = min(args.ref_repeats, repeats)
     rows = [] if args.no_layers else bench(shapes, repeats, args.ref_limit_gb, ref_repeats, memory["mb"])
     summaries = []
     for batch in args.step_batches if args.step_rounds else ():
-        for r in step_ratio(batch, args.step_rounds, 5 if args.quick else 10, args.threads, args.channels_last):
+        for r in step_ratio(
+            batch, args.step_rounds, 5 if args.quick else 10, args.threads, args.channels_last, args.system_malloc
+        ):
             summaries.append(r)
             _print_summary(r, "ratio (target <= 1.3)")
     if args.train_rounds:
-        summaries.append(train_ratio(args.train_rounds, args.train_size, 128))
+        summaries.append(train_ratio(args.train_rounds, args.train_size, 128, args.system_malloc))
         _print_summary(summaries[-1], "CNN/AdderNet throughput ratio (target <= 1.3)")
     meta["whole_step"] = summaries
     meta["load_after"] = os.getloadavg()

@@ -11,6 +11,10 @@ With --ops, the same for the ViT's adder ops alone, forward + backward at the vi
 the ops of its twin: l1_scores against q @ k^T, AdderLinear against nn.Linear.
 
     python scripts/bench_anynet.py [--only vit32] [--ops] [--threads 1] [--rounds 5] [--repeats 3] [--batch 64]
+                                   [--system-malloc]
+
+It runs with the allocator train.py trains with (trainer.retain_freed_memory: glibc keeps freed memory), or with
+--system-malloc the C library's defaults.
 """
 
 import argparse
@@ -28,6 +32,7 @@ from addernet.checks import json_with, output_file
 from addernet.errors import reported
 from addernet.models import build_model
 from addernet.ops.kernels import build
+from addernet.tools.bench import timing_allocator
 
 PAIRS = {
     "vit": (dict(name="vit", num_classes=10, in_channels=1, image_size=28), (1, 28, 28)),
@@ -118,6 +123,7 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--only", choices=list(PAIRS), default=None)
     p.add_argument("--ops", action="store_true", help="time the ViT's adder ops against their twins' instead")
+    p.add_argument("--system-malloc", action="store_true", help="the C library's allocator defaults, not train.py's")
     p.add_argument("--json", default=None)
     p.add_argument("--overwrite", action="store_true", help="let --json replace a file this script did not write")
     args = p.parse_args()
@@ -132,8 +138,9 @@ def main():
         "load_before": _load(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": build.machine(args.threads),
+        "allocator": timing_allocator(args.system_malloc),
     }
-    print(f"{out['date']} | {out['machine']}", flush=True)
+    print(f"{out['date']} | {out['machine']} | allocator: {out['allocator']}", flush=True)
     todo = {n: (spec, shape, None) for n, (spec, shape) in PAIRS.items() if not args.only or n == args.only}
     if args.ops:
         todo = {n: (None, None, s) for n, s in _op_steppers(args.batch).items()}

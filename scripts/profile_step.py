@@ -15,6 +15,10 @@ are wall time inside each op, so other load inflates them; the shares and the 1-
 the figures that survive a busy machine.
 
     python scripts/profile_step.py [--model resnet20|vit] [--batch 64] [--steps 5] [--threads 1] [--json PATH]
+                                   [--system-malloc]
+
+Each process runs with the allocator train.py trains with (trainer.retain_freed_memory: glibc keeps freed memory),
+or with --system-malloc the C library's defaults.
 """
 
 import argparse
@@ -28,7 +32,7 @@ from pathlib import Path
 from addernet.analysis.profile import CATEGORIES, L1_SCORES, category
 from addernet.checks import json_with, output_file
 from addernet.errors import reported
-from addernet.tools.bench import describe, load, metadata, run_child
+from addernet.tools.bench import describe, load, metadata, run_child, timing_allocator
 
 MODELS = {"resnet20": {}, "vit": {"image_size": 32, "width": 64, "depth": 4, "heads": 4, "patch_size": 4}}
 
@@ -48,7 +52,7 @@ def _label_l1_scores():
     attention.l1_scores = labelled
 
 
-def profile(model_name, layer, batch, steps, threads):
+def profile(model_name, layer, batch, steps, threads, system_malloc):
     import torch
     import torch.nn as nn
     from torch.profiler import ProfilerActivity, record_function
@@ -56,6 +60,7 @@ def profile(model_name, layer, batch, steps, threads):
     from addernet import AdaptiveLR
     from addernet.models import build_model
 
+    timing_allocator(system_malloc)
     torch.set_num_threads(threads)
     os.environ["ADDERNET_BACKEND"] = "fast"
     torch.manual_seed(0)
@@ -103,15 +108,18 @@ def main():
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: robust on a busy machine)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--system-malloc", action="store_true", help="the C library's allocator defaults, not train.py's")
     ap.add_argument("--child", choices=("adder", "conv"), help=argparse.SUPPRESS)
     ap.add_argument("--overwrite", action="store_true", help="let --json replace a file this script did not write")
     args = ap.parse_args()
     if args.json:
         output_file(args.json, "--json", json_with("load_before", "load_after"), args.overwrite)
     if args.child:
-        print(json.dumps(profile(args.model, args.child, args.batch, args.steps, args.threads)))
+        print(json.dumps(profile(args.model, args.child, args.batch, args.steps, args.threads, args.system_malloc)))
         return
     print(f"# {describe(metadata(args.threads))}")
+    allocator = "the C library's defaults" if args.system_malloc else "as train.py's (trainer.retain_freed_memory)"
+    print(f"# allocator: {allocator}")
     load_before = load()
     res = {}
     for layer in ("adder", "conv"):
@@ -128,7 +136,7 @@ def main():
             str(args.steps),
             "--threads",
             str(args.threads),
-        ]
+        ] + ["--system-malloc"] * args.system_malloc
         res[layer] = run_child(cmd, f"profiling the {layer} twin")
     load_after = load()
     print(

@@ -5,6 +5,7 @@ runs both versions."""
 
 import json
 import os
+import platform
 import re
 import runpy
 import subprocess
@@ -258,10 +259,16 @@ def test_bench_adder_against_another_checkout_times_the_whole_step_in_one_proces
     assert "ADDERNET_KERNEL_SOURCES" not in os.environ
 
 
-def test_bench_adder_times_layers_with_the_default_allocator_and_measures_memory_apart(monkeypatch, capsys, tmp_path):
-    """The layer table's times come from this process with glibc's default allocator (as training runs): the mmap
-    threshold that makes RSS track live memory is pinned only in the fresh process that measures the memory column."""
+@pytest.mark.parametrize("system_malloc", [False, True])
+def test_bench_adder_times_layers_with_train_py_allocator_and_measures_memory_apart(
+    monkeypatch, capsys, tmp_path, system_malloc
+):
+    """The layer table's times come from this process with the allocator train.py trains with (freed memory retained,
+    or with --system-malloc the C library's defaults): the mmap threshold that makes RSS track live memory is pinned
+    only in the fresh process that measures the memory column."""
     import ctypes
+
+    from addernet.engine import allocator
 
     calls = []
 
@@ -278,11 +285,15 @@ def test_bench_adder_times_layers_with_the_default_allocator_and_measures_memory
     monkeypatch.setattr(ctypes, "CDLL", Libc)
     out = tmp_path / "layers.json"
     argv = ["bench_adder.py", "--quick", "--repeats", "1", "--step-rounds", "0", "--train-rounds", "0"]
-    monkeypatch.setattr(sys, "argv", argv + ["--ref-limit-gb", "0", "--threads", "1", "--json", str(out)])
+    argv += ["--ref-limit-gb", "0", "--threads", "1", "--json", str(out)] + ["--system-malloc"] * system_malloc
+    monkeypatch.setattr(sys, "argv", argv)
     runpy.run_path(str(REPO / "scripts" / "bench_adder.py"), run_name="__main__")
     capsys.readouterr()
     result = json.loads(out.read_text())
-    assert calls == [] and result["meta"]["memory_measured"]
+    retained = [(allocator.M_MMAP_THRESHOLD, 32 << 20), (allocator.M_TRIM_THRESHOLD, 2**31 - 1)]
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert calls == ([] if system_malloc or not glibc else retained)
+    assert result["meta"]["memory_measured"]
     rows = result["rows"]
     assert [r["shape"] for r in rows] == ["r20 16->16 32x32", "r20 64->64 8x8", "r20 1x1 16->32 s2"]
     for r in rows:  # the layer's output (batch x out x pixels floats) is a lower bound of either side's peak

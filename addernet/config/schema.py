@@ -292,6 +292,7 @@ class Trainer:
     accumulate: int = 1  # 1: off | N: each batch runs as N micro-batches, one optimizer step
     ema_decay: Optional[float] = None  # null: off | d in (0, 1): weight average e = d e + (1 - d) w after each step
     precise_bn: int = 0  # 0: off | N: re-estimate BatchNorm on N training batches before validating
+    retain_freed_memory: bool = True  # glibc keeps freed memory for the next step instead of faulting it back in
 
     def __post_init__(self):
         number(self, "epochs", "trainer.epochs", minimum=1, integer=True)

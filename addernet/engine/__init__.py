@@ -12,6 +12,7 @@ trackers.py    experiment trackers next to TensorBoard (the ``logger`` group: ML
 meters.py      exact running sums of loss, accuracy and named loss parts
 ema.py         trainer.ema_decay: the exponential moving average of the model
 precise_bn.py  trainer.precise_bn: BatchNorm statistics re-estimated before validation
+allocator.py   trainer.retain_freed_memory: glibc keeps the memory a step frees for the next step
 evaluation.py  ``evaluate`` over a sharded loader; ``test.py``'s logic: stored-config merge, checkpoint loading
                (also for the scripts), the report
 sweep.py       failed jobs of a Hydra multirun: recorded, the sweep goes on

@@ -26,6 +26,7 @@ from ..models import model_from_config, model_label
 from ..ops import kernel_in_use
 from ..optim import AdaptiveLR, build_optimizer, build_scheduler
 from ..tasks import build_task
+from .allocator import retain_freed_memory
 from .ema import WeightEMA
 from .meters import MetricSums
 from .outputs import RunOutputs, write_config, write_facts
@@ -83,6 +84,8 @@ def build(cfg, typed, run_dir, device):
     if cfg.data.num_workers == "auto":  # recorded as the number used (it changes the augmentation stream)
         cfg = OmegaConf.merge(cfg, {"data": {"num_workers": num_workers(cfg.data)}})  # a copy
     _seed(trainer.deterministic, trainer.seed + rank)
+    if trainer.retain_freed_memory and not retain_freed_memory():
+        log.info("trainer.retain_freed_memory: this C library is not glibc; its allocator is left as it is")
     kernel = kernel_in_use(device)
     log.info(
         "run dir %s | %d process(es) | device %s | amp %s | adder backend %s (%s kernel)",

@@ -65,6 +65,7 @@ MAY_CHANGE = (
     "data.download",
     "data.skip_corrupt",
     "trainer.precise_bn",
+    "trainer.retain_freed_memory",
     "logger",
 )
 NEVER = (

@@ -124,3 +124,13 @@ def ref_estimate_gb(n, cin, cout, size, k, s, p):
     the forward holds two). Measured peak RSS rise: 3.03-3.07 blocks."""
     out = (size + 2 * p - k) // s + 1
     return 3 * n * cout * cin * k * k * out * out * 4 / 2**30
+
+
+def timing_allocator(system_malloc=False):
+    """Give this process the allocator train.py trains with (trainer.retain_freed_memory: glibc keeps freed memory
+    for reuse), or with ``system_malloc`` leave the C library's defaults; returns which, for the header."""
+    from ..engine.allocator import retain_freed_memory
+
+    if system_malloc:
+        return "the C library's defaults"
+    return "freed memory retained, as train.py" if retain_freed_memory() else "the C library's defaults (not glibc)"
