@@ -39,6 +39,7 @@ NEW_KEYS = {
     "trainer.resume_override": False,  # resume refuses changed settings unless this is set
     "trainer.dist_timeout": 600,  # seconds a rank waits for a stalled peer
     "trainer.cuda_graph": False,  # the training forward and backward replayed as CUDA graphs
+    "trainer.retain_freed_memory": True,  # the allocator keeps freed memory: no effect on what is trained
 }
 # data.name -> the data keys that say how it is loaded (data.kind and its keys), as the name-keyed tables did
 DATA_KINDS = {
