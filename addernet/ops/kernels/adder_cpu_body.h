@@ -295,7 +295,8 @@ static void FN(patch_sums)(const T *bg, int64_t cs, int64_t rs, int64_t ps, int6
         const int64_t oy = q / Wo, ox0 = q % Wo, n = Wo - ox0 < q1 - q ? Wo - ox0 : q1 - q;
         const double *c0 = col + oy * s->sh * Wr + ox0 * s->sw;
         int64_t k0 = 0;
-        if (s->sw == 1) /* 8 pixels' sums in registers over the taps (through row in memory, a chain of loads and stores) */
+        /* 8 pixels' sums in registers over the taps (through row in memory: a chain of loads and stores) */
+        if (s->sw == 1)
             for (; k0 + 8 <= n; k0 += 8) {
                 double t[8] = {0};
                 for (int64_t i = 0; i < s->kh; i++)
@@ -466,19 +467,28 @@ static __attribute__((noinline)) void FN(pk_pixels)(const T *bg, int64_t cs, con
 /* 1 when the forward of this layer takes the min form: its weights are then packed as they are, else negated. */
 int FN(adder_forward_min_form)(const adder_geometry *s) { return FWD_MIN && MIN_FORM(s); }
 
-/* Prefetch the rows of n pixels, len elements each from base + off[p]: the next tile's, while this one computes. A
- * 1x1 layer read in place (AdderLinear's rows, l1_scores' queries) gets its input from the op before it, out of L2:
- * from a cold cache its forward and input gradient ran at 0.80x and 0.76x their warm speed (an Intel Xeon, 1 thread),
- * and a tile's broadcasts wait on each new line. */
-static inline void FN(prefetch_rows)(const T *base, const int64_t *off, int64_t n, int64_t len) {
+/* Prefetch the rows of n pixels, len elements each from base + off[p] (to be written, with write): the next tile's,
+ * while this one computes. A 1x1 layer read in place (AdderLinear's rows, l1_scores' queries) gets its input from the
+ * op before it, out of L2: from a cold cache its forward and input gradient ran at 0.80x and 0.76x their warm speed
+ * (an Intel Xeon, 1 thread), and a tile's broadcasts wait on each new line. */
+static inline __attribute__((always_inline)) void FN(prefetch_rows)(const T *base, const int64_t *off, int64_t n,
+                                                                   int64_t len, const int write) {
     for (int64_t p = 0; p < n; p++)
-        for (int64_t c = 0; c < len; c += 64 / (int64_t)sizeof(T)) __builtin_prefetch(base + off[p] + c, 0, 3);
+        for (int64_t c = 0; c < len; c += 64 / (int64_t)sizeof(T)) {
+            if (write) __builtin_prefetch(base + off[p] + c, 1, 3);
+            else __builtin_prefetch(base + off[p] + c, 0, 3);
+        }
 }
 
-/* The same for rows about to be written. */
-static inline void FN(prefetch_rows_w)(T *base, const int64_t *off, int64_t n, int64_t len) {
-    for (int64_t p = 0; p < n; p++)
-        for (int64_t c = 0; c < len; c += 64 / (int64_t)sizeof(T)) __builtin_prefetch(base + off[p] + c, 1, 3);
+/* The forward's prefetch of the tile of up to P pixels from q (none from q1 on): their input rows of Cg channels and,
+ * with ow > 0, their channels-last output rows of ow elements from y. */
+static inline __attribute__((always_inline)) void FN(fwd_prefetch)(const T *bg, const int64_t *xo, T *y,
+                                                                  const int64_t *to, int64_t q, int64_t q1, int64_t P,
+                                                                  int64_t Cg, int64_t ow) {
+    if (q >= q1) return;
+    const int64_t n = q1 - q < P ? q1 - q : P;
+    FN(prefetch_rows)(bg, xo + q, n, Cg, 0);
+    if (ow) FN(prefetch_rows)(y, to + q, n, ow, 1);
 }
 
 /* 1 when sx[0..n) are all finite. */
@@ -592,11 +602,7 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
                                      : bfin && (xfin || FN(finite_run)(sx + (q - q0), FWD_P2M)) ? FWD_MIN_SUMS
                                                                                               : FWD_DIRECT_POS;
                     P = mode == FWD_MIN_SUMS ? FWD_P2M : FWD_P2;
-                    if (fetch && q + P < q1) {
-                        const int64_t mn = q1 - q - P < P ? q1 - q - P : P;
-                        FN(prefetch_rows)(bg, xo + q + P, mn, Cg);
-                        if (ys[1] == 1) FN(prefetch_rows_w)(yg + ob, to + q + P, mn, 2 * VL);
-                    }
+                    if (fetch) FN(fwd_prefetch)(bg, xo, yg + ob, to, q + P, q1, P, Cg, ys[1] == 1 ? 2 * VL : 0);
                     if (mode == FWD_DIRECT) {
                         if (cs == 1) FN(fwd_tile)(bg, xo + q, wg, s, ob, acc, FWD_P2, 2, 1, di, dj, FWD_DIRECT);
                         else FN(fwd_tile_planes2)(bg, xo + q, wg, s, ob, acc, cs, di, dj);
@@ -617,11 +623,7 @@ int FN(adder_forward)(const T *x, const int64_t *xs, const T *wt, T *y, const in
             for (; ob < Opad; ob += VL) {
                 const int bfin = min_form && (wfin[gw] || FN(finite_run)(swg + ob, VL));
                 for (int64_t q = qs; q < q1; q += FWD_P1) {
-                    if (fetch && q + FWD_P1 < q1) {
-                        const int64_t mn = q1 - q - FWD_P1 < FWD_P1 ? q1 - q - FWD_P1 : FWD_P1;
-                        FN(prefetch_rows)(bg, xo + q + FWD_P1, mn, Cg);
-                        if (ys[1] == 1) FN(prefetch_rows_w)(yg + ob, to + q + FWD_P1, mn, VL);
-                    }
+                    if (fetch) FN(fwd_prefetch)(bg, xo, yg + ob, to, q + FWD_P1, q1, FWD_P1, Cg, ys[1] == 1 ? VL : 0);
                     const int mode = !min_form ? FWD_DIRECT
                                      : bfin && (xfin || FN(finite_run)(sx + (q - q0), FWD_P1)) ? FWD_MIN_SUMS
                                                                                              : FWD_DIRECT_POS;
@@ -808,9 +810,9 @@ int FN(adder_grad_input)(const T *x, const int64_t *xs, const T *w2, const T *g,
                 const int64_t m = L - q < GIN_P ? L - q : GIN_P;
                 if (fetch && q + GIN_P < L) {
                     const int64_t mn = L - q - GIN_P < GIN_P ? L - q - GIN_P : GIN_P;
-                    FN(prefetch_rows)(xi + gr * Cgp, xo + q + GIN_P, mn, Cgp);
-                    FN(prefetch_rows_w)(gi + gr * Cgp, xo + q + GIN_P, mn, Cgp);
-                    if (gs[1] == 1) FN(prefetch_rows)(gg, go + q + GIN_P, mn, Og);
+                    FN(prefetch_rows)(xi + gr * Cgp, xo + q + GIN_P, mn, Cgp, 0);
+                    FN(prefetch_rows)(gi + gr * Cgp, xo + q + GIN_P, mn, Cgp, 1);
+                    if (gs[1] == 1) FN(prefetch_rows)(gg, go + q + GIN_P, mn, Og, 0);
                 }
                 int run = m == GIN_P; /* the tile's pixels consecutive in g */
                 for (int p = 1; p < GIN_P; p++) run &= go[q + p] == go[q] + p;
