@@ -59,7 +59,7 @@ def test_fetch_downloads_checks_and_keeps_a_verified_copy(served, fake_entry, tm
 
 def test_a_file_with_another_hash_is_refused_and_not_saved(served, fake_entry, tmp_path):
     url, folder = served
-    (folder / "demo.pth").write_bytes(fake_entry[:-1] + b"x")
+    (folder / "demo.pth").write_bytes(fake_entry[:-1] + bytes([fake_entry[-1] ^ 1]))  # last byte differs
     dest = tmp_path / "models"
     with pytest.raises(CheckpointError, match=f"not the published {zf.FETCHABLE['demo']['sha256']}"):
         zf.fetch("demo", dest, url=f"{url}/demo.pth")
