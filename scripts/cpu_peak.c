@@ -12,7 +12,8 @@
  * multiply-accumulates, the unit the "sad" lines compare with. The "gin + weight grad" line is the input
  * gradient's mix with the FMA that also sums g*x for the weight gradient (one more per term), with the subtraction
  * as a plain add on every core, as that kernel tile issues it (adder_cpu.c), and with 512-bit vectors the same with the
- * clamp as one vrangeps (the tile's form on other than AMD CPUs). The "fwd min form" lines are the forward's
+ * clamp as one vrangeps (the tile's form on other than AMD CPUs); "gin: sub, range, fma" is the input gradient alone
+ * in that form. The "fwd min form" lines are the forward's
  * tile on layers with more than one tap, its loads included (MIN_FORM below), with the add on the FMA pipes (as the
  * kernels issue it on AMD CPUs) and as a plain add (on other CPUs, where it can also run on the FP adders). */
 #include <immintrin.h>
@@ -77,6 +78,8 @@ static double now(){struct timespec t;clock_gettime(CLOCK_THREAD_CPUTIME_ID,&t);
 /* The same with the clamp as one vrangeps (AVX-512 on other than AMD CPUs: adder_cpu.c VCLAMP1). */
 #define GIN_RANGE256(K)
 #define GIN_RANGE512(K)                                                                                     \
+  RUN(512, K, 16, "gin: sub, range, fma",                                                                   \
+      _mm512_fmadd_ps(g, _mm512_range_ps(_mm512_sub_ps(w, x[k]), one, 2), acc[k]))                           \
   RUN(512, K, 16, "gin + weight grad: range",                                                               \
       _mm512_fmadd_ps(g, x[k], _mm512_fmadd_ps(g, _mm512_range_ps(_mm512_sub_ps(w, x[k]), one, 2), acc[k])))
 #if defined(__AVX512VNNI__)

@@ -400,6 +400,18 @@ static void FN(pv_weight)(const T *wg, const adder_geometry *s, int64_t Ogp, T *
     }
 }
 
+/* pk_tile's two vectors of one output channel (at offset o from ya and yb) into the running sum in y (first: the
+ * sum so far is none), and with the last tap combined into -sum |x - w| (fwd_combine's arithmetic). */
+static inline __attribute__((always_inline)) void FN(pk_store)(const VEC *acc, T *ya, T *yb, int64_t o, int first,
+                                                              int last, const T *sxa, const T *sxb, T swk) {
+    for (int v = 0; v < 2; v++) {
+        T *yv = (v ? yb : ya) + o;
+        VEC r = first ? acc[v] : FN(ld)(yv) + acc[v];
+        if (last) r = -((FN(ld)(v ? sxb : sxa) + (swk - (VEC){0})) - (r + r));
+        FN(st)(yv, r);
+    }
+}
+
 /* A min-form layer (more than one tap) on NCHW planes, vectorised along the pixels as pv_tile is: FWD_PK output
  * channels x 2 vectors of VL consecutive pixels of an output row each, the weight broadcast and each vector of pixels
  * loaded whole from its plane at every tap, the output stored as whole vectors of its planes. fwd_tile's register tile
@@ -431,13 +443,10 @@ static inline __attribute__((always_inline)) void FN(pk_tile)(const T *xa, const
                 }
             }
             const int first = t == 0 && c0 == 0, last = t == taps - 1 && c1 == Cg;
-            for (int64_t k = 0; k < no; k++)
-                for (int v = 0; v < 2; v++) {
-                    T *yv = (v ? yb : ya) + k * ycs;
-                    VEC r = first ? acc[k][v] : FN(ld)(yv) + acc[k][v];
-                    if (last) r = -((FN(ld)(v ? sxb : sxa) + (sw[k] - (VEC){0})) - (r + r));
-                    FN(st)(yv, r);
-                }
+            /* unrolled, so that acc stays in registers (a loop to no spilled it to the stack after every tap) */
+#pragma GCC unroll 16
+            for (int k = 0; k < FWD_PK; k++)
+                if (k < no) FN(pk_store)(acc[k], ya, yb, k * ycs, first, last, sxa, sxb, sw[k]);
         }
     }
 }
@@ -746,7 +755,10 @@ static inline __attribute__((always_inline)) void FN(gin_tile_body)(const T *x0,
         else
 #endif
             FN(gin_rows)(nx, acc, wb, gt, gos, Og, dwb, wgrad, 0);
-        for (int64_t p = 0; p < n; p++) FN(st)(gb + off[p], once ? acc[p] : FN(ld)(gb + off[p]) + acc[p]);
+        /* unrolled, so that acc stays in registers (a loop to n spilled it to the stack after every block) */
+#pragma GCC unroll 32
+        for (int p = 0; p < GIN_P; p++)
+            if (p < n) FN(st)(gb + off[p], once ? acc[p] : FN(ld)(gb + off[p]) + acc[p]);
     }
 }
 
