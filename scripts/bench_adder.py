@@ -57,7 +57,6 @@ printing the step times and the ratios this/other, this/twin and other/twin.
 """
 
 import argparse
-import ctypes
 import datetime
 import gc
 import json
@@ -77,7 +76,7 @@ from addernet import AdaptiveLR, Adder2d
 from addernet.analysis.layer_shapes import RESNET20 as R20
 from addernet.analysis.layer_shapes import with_batch
 from addernet.checks import json_with, output_file
-from addernet.engine.allocator import M_MMAP_THRESHOLD
+from addernet.engine.allocator import M_MMAP_THRESHOLD, mallopt
 from addernet.errors import reported
 from addernet.models import build_model
 from addernet.ops.adder2d import grad_weight
@@ -99,11 +98,7 @@ def _status(key):
 
 def _pin_malloc():
     """Make glibc return every large freed block to the OS so RSS tracks live memory."""
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 1 << 16)  # 64 KiB, disables the dynamic threshold
-        return True
-    except (OSError, AttributeError):
-        return False
+    return mallopt(M_MMAP_THRESHOLD, 1 << 16)  # 64 KiB, disables the dynamic threshold
 
 
 def _make(method, cin, cout, k, s, p):

@@ -118,8 +118,7 @@ def main():
         print(json.dumps(profile(args.model, args.child, args.batch, args.steps, args.threads, args.system_malloc)))
         return
     print(f"# {describe(metadata(args.threads))}")
-    allocator = "the C library's defaults" if args.system_malloc else "as train.py's (trainer.retain_freed_memory)"
-    print(f"# allocator: {allocator}")
+    print(f"# allocator: {timing_allocator(args.system_malloc)}")  # this process's, as its children set it
     load_before = load()
     res = {}
     for layer in ("adder", "conv"):

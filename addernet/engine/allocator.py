@@ -16,13 +16,19 @@ MMAP_THRESHOLD = 32 << 20  # glibc's largest (DEFAULT_MMAP_THRESHOLD_MAX on 64-b
 NEVER_TRIM = 2**31 - 1  # the largest int mallopt takes
 
 
+def mallopt(param, value):
+    """glibc's ``mallopt(param, value)`` in this process: True when it took the setting, False where it did not or
+    the C library is not glibc."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    fn = getattr(ctypes.CDLL(None), "mallopt", None)  # the process's own C library
+    if fn is None:
+        return False
+    fn.argtypes, fn.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(fn(param, value))
+
+
 def retain_freed_memory():
     """Tell glibc to keep freed memory for reuse (the module docstring); True when it took the settings, False
     where the C library is not glibc."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)  # the process's own C library
-    if mallopt is None:
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, NEVER_TRIM))
+    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(M_TRIM_THRESHOLD, NEVER_TRIM)
